@@ -1,0 +1,142 @@
+"""Command line: `python -m respec generate | bench | replay`.
+
+Contract: the CLI is a thin layer over the same Runner/Engine the app uses. Every RespecError
+(bad settings, empty or too-long prompt, unknown model or method, malformed trace) is printed as
+one line `error: ...` on stderr with exit status 2; no output file is left half-written (traces and
+summaries are written to a temporary file and renamed).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from respec.errors import ConfigError, RespecError
+
+
+def _settings(args) -> "EngineConfig":
+    from respec.config import EngineConfig
+    overrides = {}
+    for item in args.set or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set expects key=value, got {item!r}")
+        overrides[key.strip()] = value.strip()
+    base = {"max_new_tokens": args.max_new_tokens}
+    if getattr(args, "method", None):
+        base["method"] = args.method
+    return EngineConfig().with_overrides({**base, **overrides})
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def cmd_generate(args) -> int:
+    from respec.models import load_target
+    from respec.runner import Runner, parse_methods
+    from respec.trace import result_to_json
+
+    if not args.prompt or not args.prompt.strip():
+        raise RespecError("the prompt is empty")
+    parse_methods(args.method)
+    config = _settings(args)
+    runner = Runner(load_target(args.model, device=args.device, dtype=args.dtype), head=args.head)
+    result = runner.generate(args.prompt, config, chat=not args.no_chat)
+    st = result.stats
+    print(result.text)
+    print(f"\n[{config.method}] {st.new_tokens} tokens in {st.wall_time_s:.2f} s = {st.tokens_per_s:.1f} tok/s; "
+          f"{st.steps} steps; mean accepted length {st.mean_accepted_length:.2f} (bonus included); "
+          f"steps by source {st.steps_by_source}; EAGLE head: {runner.head_info}", file=sys.stderr)
+    if args.trace:
+        _atomic_write(Path(args.trace), result_to_json(result))
+        print(f"trace written to {args.trace}", file=sys.stderr)
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from respec.bench import load_questions, run_bench, summary_markdown
+    from respec.models import load_target
+    from respec.runner import Runner, parse_methods
+
+    methods = parse_methods(args.methods)
+    config = _settings(args)
+    cats = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
+    if args.limit_per_category is not None and args.limit_per_category < 1:
+        raise ConfigError("--limit-per-category must be >= 1")
+    questions = load_questions(args.questions, cats, args.limit_per_category)
+    runner = Runner(load_target(args.model, device=args.device, dtype=args.dtype), head=args.head)
+    print(f"{len(questions)} questions x {len(set(methods) | {'vanilla'})} methods; "
+          f"model {args.model} on {runner.target.device} ({runner.target.dtype}); EAGLE head: {runner.head_info}",
+          file=sys.stderr)
+    summary = run_bench(runner, questions, methods, config, args.out)
+    print(summary_markdown(summary))
+    print(f"\nwrote {args.out}/results.jsonl and {args.out}/summary.csv", file=sys.stderr)
+    return 0
+
+
+def cmd_replay(args) -> int:
+    from respec.trace import result_from_json
+    try:
+        data = Path(args.trace).read_bytes()
+    except OSError as exc:
+        raise RespecError(f"cannot read trace {args.trace}: {exc}") from None
+    result = result_from_json(data)
+    st = result.stats
+    print(f"method {result.config.method}, model {result.meta.get('model')}: {st.new_tokens} tokens, "
+          f"{st.steps} steps, mean accepted length {st.mean_accepted_length:.2f}, {st.tokens_per_s:.1f} tok/s "
+          f"(recorded)")
+    for s in result.steps:
+        print(f"step {s.step:4d} {s.source:9s} drafted {s.num_draft:3d} accepted {s.num_accepted:3d} "
+              f"-> {list(s.new_tokens)}")
+    print(result.text)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m respec", description="ReSpec Explorer engine")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def common(sp, method_flag: bool):
+        sp.add_argument("--model", default="default", help='"default" | HF id | local dir | .gguf path')
+        sp.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+        sp.add_argument("--dtype", default="auto", help="auto | bfloat16 | float16 | float32")
+        sp.add_argument("--head", default=None, help="EAGLE head checkpoint directory")
+        sp.add_argument("--max-new-tokens", type=int, default=128)
+        sp.add_argument("--set", action="append", metavar="KEY=VALUE",
+                        help="override a setting, e.g. tree.total_tokens=12 (repeatable)")
+
+    g = sub.add_parser("generate", help="generate from one prompt")
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--method", default="eagle2")
+    g.add_argument("--trace", help="write the versioned JSON trace here")
+    g.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+    common(g, True)
+    g.set_defaults(func=cmd_generate)
+
+    b = sub.add_parser("bench", help="Spec-Bench run over a questions JSONL")
+    b.add_argument("--questions", required=True)
+    b.add_argument("--methods", default="vanilla,eagle2,sam")
+    b.add_argument("--categories", default=None)
+    b.add_argument("--limit-per-category", type=int, default=None)
+    b.add_argument("--out", required=True)
+    common(b, False)
+    b.set_defaults(func=cmd_bench)
+
+    r = sub.add_parser("replay", help="validate and print a trace file")
+    r.add_argument("trace")
+    r.set_defaults(func=cmd_replay)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except RespecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,241 @@
+"""Engine configuration: frozen, validated dataclasses, no I/O.
+
+One `EngineConfig` object describes a run completely (method, stopping, sampling, and every threshold
+of every drafter), so the UI, the CLI, the benchmark and the trace file all serialise the same thing.
+Out-of-range values raise `ConfigError` at construction with a message naming the field, its allowed
+range and the value given. `EngineConfig.from_dict` / `.to_dict` round-trip through plain JSON types,
+and `with_overrides({"tree.total_tokens": 12, ...})` is how the CLI's `--set key=value` and the app's
+settings JSON reach the engine.
+
+Letters follow ALGORITHMS.md: θ_H (theta_entropy), λ_e, α, S0, θ_score, K, L_max, L_min, β, τ, w.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from respec.errors import ConfigError
+
+#: Decoding methods the engine knows. Strict (lossless) methods are those whose output must equal
+#: vanilla greedy output; `respec` with a relaxed budget > 0 is the only lossy one.
+METHODS: tuple[str, ...] = ("vanilla", "eagle2", "sam", "respec", "respec-strict",
+                            "respec-no-trigger", "respec-no-ema")
+IMPLEMENTED_METHODS: tuple[str, ...] = ("vanilla", "eagle2", "sam")
+
+#: Hard caps that protect a shared deployment; deployments may lower them (see app settings).
+MAX_NEW_TOKENS_CAP = 8192
+MAX_TREE_TOKENS_CAP = 512
+
+
+def _check_range(obj: object, name: str, lo: float | None, hi: float | None, *,
+                 integer: bool = False, allow_none: bool = False) -> None:
+    value = getattr(obj, name)
+    label = f"{type(obj).__name__}.{name}"
+    if value is None:
+        if allow_none:
+            return
+        raise ConfigError(f"{label} must be set, got None")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{label} must be a number, got {value!r}")
+    if integer and not float(value).is_integer():
+        raise ConfigError(f"{label} must be an integer, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{label} must be finite, got {value!r}")
+    rng = f"[{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}]"
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise ConfigError(f"{label} must be in {rng}, got {value!r}")
+    if integer and not isinstance(value, int):
+        object.__setattr__(obj, name, int(value))
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = 0.0     # 0 = greedy (strict verification); > 0 = lossless speculative sampling
+    top_k: int | None = None     # restrict sampling to the k most likely tokens (None = off)
+    top_p: float | None = None   # nucleus sampling mass (None = off)
+    seed: int = 0                # one torch.Generator per run is built from this; never reseeded
+
+    def __post_init__(self) -> None:
+        _check_range(self, "temperature", 0.0, 10.0)
+        _check_range(self, "top_k", 1, 1_000_000, integer=True, allow_none=True)
+        _check_range(self, "top_p", 1e-6, 1.0, allow_none=True)
+        _check_range(self, "seed", 0, 2**63 - 1, integer=True)
+
+
+@dataclass(frozen=True)
+class TreeConfig:
+    """EAGLE-2 dynamic tree (ALGORITHMS §4.3). Paper values 60/5/10 suit a GPU; a 2-core CPU wants
+    8-16 nodes (verifying 16 tokens costs about one decode step there)."""
+    top_k: int = 10              # children per frontier node, and frontier width
+    depth: int = 5               # expansion rounds; max draft depth = depth + 1
+    total_tokens: int = 60       # root + (total_tokens - 1) draft nodes kept by the global re-rank
+
+    def __post_init__(self) -> None:
+        _check_range(self, "top_k", 1, 64, integer=True)
+        _check_range(self, "depth", 0, 32, integer=True)
+        _check_range(self, "total_tokens", 1, MAX_TREE_TOKENS_CAP, integer=True)
+
+
+@dataclass(frozen=True)
+class SamConfig:
+    """SAM-Decoding baseline (ALGORITHMS §3.4): retrieval chain when the dynamic suffix-automaton
+    match is at least `len_threshold`, else the EAGLE-2 tree."""
+    n_predicts: int = 40         # max chain length (draft tokens after the root)
+    len_threshold: int = 5       # minimum match length to draft by retrieval
+
+    def __post_init__(self) -> None:
+        _check_range(self, "n_predicts", 1, MAX_TREE_TOKENS_CAP - 1, integer=True)
+        _check_range(self, "len_threshold", 1, 1024, integer=True)
+
+
+@dataclass(frozen=True)
+class TriggerConfig:
+    """ReSpec WHEN (ALGORITHMS §1.3)."""
+    window: int = 3              # l: max look-back over committed-token entropies
+    theta_entropy: float = 1.5   # θ_H, nats; retrieve iff the chosen window mean is <= θ_H
+    lambda_e: float = 1.0        # λ_e: penalty for short windows in C_k = H̄_k + λ_e / k
+
+    def __post_init__(self) -> None:
+        _check_range(self, "window", 1, 64, integer=True)
+        _check_range(self, "theta_entropy", 0.0, 20.0)
+        _check_range(self, "lambda_e", 0.0, 20.0)
+
+
+@dataclass(frozen=True)
+class CandidateConfig:
+    """ReSpec WHAT (ALGORITHMS §1.4)."""
+    alpha: float = 0.3           # α: EMA rate, S <- (1 - α) S + α R
+    s0: float = 0.5              # S0: score of a never-seen position
+    theta_score: float = 0.5     # θ_score: minimum score to draft from
+    top_k: int = 4               # K: positions merged into one trie
+    l_max: int = 16              # L_max: draft length = max(1, round(L_max * S))
+    tree_budget: int = 60        # trie nodes, root included
+    min_match: int = 3           # L_min: minimum match length to consider retrieval
+    max_positions: int = 64      # end positions examined per step
+
+    def __post_init__(self) -> None:
+        _check_range(self, "alpha", 0.0, 1.0)
+        _check_range(self, "s0", 0.0, 1.0)
+        _check_range(self, "theta_score", 0.0, 1.0)
+        _check_range(self, "top_k", 1, 64, integer=True)
+        _check_range(self, "l_max", 1, 256, integer=True)
+        _check_range(self, "tree_budget", 1, MAX_TREE_TOKENS_CAP, integer=True)
+        _check_range(self, "min_match", 1, 64, integer=True)
+        _check_range(self, "max_positions", 1, 4096, integer=True)
+
+
+@dataclass(frozen=True)
+class RelaxConfig:
+    """ReSpec HOW, applied to retrieval nodes only (ALGORITHMS §1.6). budget = 0 is lossless."""
+    beta: int = 5                # β: a relaxed token must be in the target's top-β
+    tau: float = 2.0             # τ: nats, max log-prob gap to the target's top-1
+    lookahead: int = 3           # w: strict matches required after a relaxed token
+    budget: int = 2              # relaxed acceptances allowed per step
+
+    def __post_init__(self) -> None:
+        _check_range(self, "beta", 1, 1000, integer=True)
+        _check_range(self, "tau", 0.0, 50.0)
+        _check_range(self, "lookahead", 0, 64, integer=True)
+        _check_range(self, "budget", 0, 64, integer=True)
+
+
+_SECTIONS = {"sampling": SamplingConfig, "tree": TreeConfig, "sam": SamConfig,
+             "trigger": TriggerConfig, "candidates": CandidateConfig, "relax": RelaxConfig}
+
+#: Short aliases accepted by `with_overrides` (the names the UI and issues use).
+ALIASES: dict[str, str] = {
+    "temperature": "sampling.temperature", "seed": "sampling.seed",
+    "total_tokens": "tree.total_tokens", "depth": "tree.depth",
+    "theta_H": "trigger.theta_entropy", "theta_entropy": "trigger.theta_entropy",
+    "l": "trigger.window", "lambda_e": "trigger.lambda_e",
+    "alpha": "candidates.alpha", "S0": "candidates.s0", "s0": "candidates.s0",
+    "theta_score": "candidates.theta_score", "K": "candidates.top_k",
+    "L_max": "candidates.l_max", "L_min": "candidates.min_match",
+    "beta": "relax.beta", "tau": "relax.tau", "w": "relax.lookahead", "budget": "relax.budget",
+}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    method: str = "eagle2"
+    max_new_tokens: int = 128    # demo default; Spec-Bench uses 1024
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    tree: TreeConfig = field(default_factory=TreeConfig)
+    sam: SamConfig = field(default_factory=SamConfig)
+    trigger: TriggerConfig = field(default_factory=TriggerConfig)
+    candidates: CandidateConfig = field(default_factory=CandidateConfig)
+    relax: RelaxConfig = field(default_factory=RelaxConfig)
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ConfigError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
+        _check_range(self, "max_new_tokens", 1, MAX_NEW_TOKENS_CAP, integer=True)
+        for name, cls in _SECTIONS.items():
+            if not isinstance(getattr(self, name), cls):
+                raise ConfigError(f"EngineConfig.{name} must be a {cls.__name__}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.sampling.temperature == 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> EngineConfig:
+        """Build from plain JSON types; unknown keys raise ConfigError (typos must not pass)."""
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"settings must be a JSON object, got {type(data).__name__}")
+        return cls().with_overrides(_flatten(data))
+
+    def with_overrides(self, overrides: Mapping[str, Any]) -> EngineConfig:
+        """Return a copy with dotted keys replaced, e.g. {"tree.total_tokens": 12, "method": "sam"}.
+        Short aliases (ALIASES) are accepted. Values given as strings are parsed as numbers."""
+        top: dict[str, Any] = {}
+        sections: dict[str, dict[str, Any]] = {}
+        for raw_key, value in overrides.items():
+            key = ALIASES.get(raw_key, raw_key)
+            if "." in key:
+                section, _, name = key.partition(".")
+                cls = _SECTIONS.get(section)
+                if cls is None or name not in {f.name for f in dataclasses.fields(cls)}:
+                    raise ConfigError(f"unknown setting {raw_key!r}")
+                sections.setdefault(section, {})[name] = _coerce(raw_key, value)
+            elif key in ("method", "max_new_tokens"):
+                top[key] = value if key == "method" else _coerce(raw_key, value)
+            else:
+                raise ConfigError(f"unknown setting {raw_key!r}")
+        try:
+            for section, values in sections.items():
+                top[section] = dataclasses.replace(getattr(self, section), **values)
+            return dataclasses.replace(self, **top)
+        except TypeError as exc:  # e.g. a list where a number belongs
+            raise ConfigError(f"bad settings: {exc}") from None
+
+
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if not isinstance(key, str):
+            raise ConfigError(f"setting names must be strings, got {key!r}")
+        if isinstance(value, Mapping):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _coerce(key: str, value: Any) -> Any:
+    """Parse CLI strings ("12", "0.5", "none") into numbers; leave other types to validation."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("none", "null", "off"):
+            return None
+        try:
+            number = float(text)
+        except ValueError:
+            raise ConfigError(f"setting {key!r} must be a number, got {value!r}") from None
+        return int(number) if number.is_integer() and "." not in text and "e" not in text else number
+    return value

@@ -1,0 +1,328 @@
+"""EAGLE-2 model drafter: the EAGLE head, its checkpoint loader, the dynamic tree search, and the
+drafter that keeps the head's KV cache in sync with the committed text (catch-up).
+
+Contract (ALGORITHMS.md §4):
+- `EagleHead` = fc(cat[embed(x_{t+1}), f_t]) -> one decoder layer without input norm -> f̂_{t+1}.
+  Logits are the TARGET's lm_head(f̂); embeddings are the TARGET's (shared, never stored twice).
+  The decoder layer is transformers' own LlamaDecoderLayer (Qwen2DecoderLayer when the checkpoint
+  has q/k/v biases), with `input_layernorm` replaced by Identity. Nothing is forked.
+- Inputs are shifted by one: the head sees pairs (f_t, x_{t+1}), f_t the target's final-norm feature
+  at committed position t. The pair (f_t, x_{t+1}) sits at head position t.
+- `expand_tree(step_fn, ...)` is the pure EAGLE-2 search (top-k expansion by cumulative log-prob to
+  depth D, global re-rank to total_tokens), testable with a fake `step_fn`.
+- Checkpoints: a directory with `config.json` and `pytorch_model.bin` or `model.safetensors`, keys as
+  published (`fc.weight`, `fc.bias`, `layers.0.self_attn.q_proj.weight`, ...; `embed_tokens.weight`
+  is accepted and ignored). qkv bias and fc bias are inferred from the keys.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+from torch import nn
+from transformers import DynamicCache, LlamaConfig, Qwen2Config
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
+
+from respec.config import TreeConfig
+from respec.drafters.base import DraftContext, Proposal, StepOutcome
+from respec.errors import ModelLoadError
+from respec.models.base import TargetModel
+from respec.tree import DraftTree
+
+_HEAD_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+              "rms_norm_eps", "rope_theta", "max_position_embeddings", "hidden_act", "vocab_size",
+              "head_dim")
+
+
+class EagleHead(nn.Module):
+    """The EAGLE-1/2 draft head (one decoder layer). Forward works on one sequence."""
+
+    def __init__(self, config: LlamaConfig, *, qkv_bias: bool = False, fc_bias: bool = True) -> None:
+        super().__init__()
+        config = LlamaConfig(**{**config.to_dict(), "num_hidden_layers": 1})
+        config._attn_implementation = "sdpa"
+        self.config = config
+        self.qkv_bias = qkv_bias
+        h = config.hidden_size
+        self.fc = nn.Linear(2 * h, h, bias=fc_bias)
+        if qkv_bias:
+            qcfg = Qwen2Config(**{k: v for k, v in config.to_dict().items() if k != "model_type"})
+            qcfg._attn_implementation = "sdpa"
+            layer = Qwen2DecoderLayer(qcfg, layer_idx=0)
+        else:
+            layer = LlamaDecoderLayer(config, layer_idx=0)
+        layer.input_layernorm = nn.Identity()        # EAGLE omits layer 0's input norm
+        self.layers = nn.ModuleList([layer])
+        self.rotary = LlamaRotaryEmbedding(config)
+
+    def forward(self, emb: torch.Tensor, feat: torch.Tensor, positions: torch.Tensor,
+                cache: DynamicCache, mask: torch.Tensor | None) -> torch.Tensor:
+        """emb, feat: [q, H]; positions: [q]; mask: [1, 1, q, kv_len + q] additive or None (causal).
+        Appends q rows to `cache`; returns predicted features f̂: [q, H]."""
+        x = self.fc(torch.cat([emb, feat.to(emb.dtype)], dim=-1))[None]           # [1, q, H]
+        pos = positions[None]
+        cos_sin = self.rotary(x, pos)
+        if mask is None and x.shape[1] > 1:
+            past = cache.get_seq_length()
+            q = x.shape[1]
+            allowed = torch.ones(q, past + q, dtype=torch.bool, device=x.device).tril(past)
+            mask = torch.zeros(1, 1, q, past + q, dtype=x.dtype, device=x.device)
+            mask = mask.masked_fill(~allowed, torch.finfo(x.dtype).min)
+        out = self.layers[0](x, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True,
+                             position_embeddings=cos_sin)
+        if isinstance(out, tuple):
+            out = out[0]
+        return out[0]
+
+
+def random_head(target: TargetModel, *, seed: int = 0, qkv_bias: bool = False) -> EagleHead:
+    """A randomly initialised head shaped for `target` (lossless, accepts little: for tests)."""
+    cfg = LlamaConfig(**{k: v for k, v in target.model.config.to_dict().items() if k in _HEAD_KEYS})
+    torch.manual_seed(seed)
+    head = EagleHead(cfg, qkv_bias=qkv_bias)
+    return head.to(device=target.device, dtype=target.dtype).eval()
+
+
+def load_eagle_head(path: str | Path, target: TargetModel) -> EagleHead:
+    """Load a published-format EAGLE checkpoint directory (config.json + pytorch_model.bin or
+    model.safetensors) and cast it to the target's device and dtype."""
+    path = Path(path)
+    cfg_file = path / "config.json"
+    tried = [str(path / n) for n in ("pytorch_model.bin", "model.safetensors")]
+    if not cfg_file.is_file():
+        raise ModelLoadError(f"EAGLE head: no config.json in {path}")
+    try:
+        raw = json.loads(cfg_file.read_text())
+        if (path / "pytorch_model.bin").is_file():
+            state = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        elif (path / "model.safetensors").is_file():
+            from safetensors.torch import load_file
+            state = load_file(str(path / "model.safetensors"))
+        else:
+            raise ModelLoadError(f"EAGLE head: no weights found; tried {', '.join(tried)}")
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise ModelLoadError(f"EAGLE head at {path} could not be read: {exc}") from exc
+    cfg = LlamaConfig(**{k: v for k, v in raw.items() if k in _HEAD_KEYS})
+    if cfg.hidden_size != target.hidden_size:
+        raise ModelLoadError(f"EAGLE head at {path} has hidden size {cfg.hidden_size}, "
+                             f"but the target has {target.hidden_size}")
+    state = {k: v for k, v in state.items() if not k.startswith("embed_tokens")}
+    head = EagleHead(cfg, qkv_bias="layers.0.self_attn.q_proj.bias" in state,
+                     fc_bias="fc.bias" in state)
+    missing, unexpected = head.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.startswith("rotary")]
+    if missing or unexpected:
+        raise ModelLoadError(f"EAGLE head at {path}: missing keys {missing}, unexpected keys {unexpected}")
+    return head.to(device=target.device, dtype=target.dtype).eval()
+
+
+def save_eagle_head(head: EagleHead, path: str | Path) -> None:
+    """Write `head` in the published layout: config.json + model.safetensors (no embed, no lm_head)."""
+    from safetensors.torch import save_file
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    cfg = {k: v for k, v in head.config.to_dict().items() if k in _HEAD_KEYS}
+    cfg.update({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 1,
+                "bias": head.fc.bias is not None, "qkv_bias": head.qkv_bias})
+    state = {k: v.detach().to("cpu").contiguous() for k, v in head.state_dict().items()
+             if not k.startswith("rotary")}
+    (path / "config.json").write_text(json.dumps(cfg, indent=2))
+    save_file(state, str(path / "model.safetensors"))
+
+
+# ---------------------------------------------------------------------------- the search
+#: step_fn(feats [k, H], tokens [k], depth i, frontier node ids [k], token paths from the root) ->
+#:     (out feats [k, H], log-probs of each node's children [k, V])
+StepFn = Callable[[torch.Tensor, torch.Tensor, int, torch.Tensor, list], tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class _Node:
+    token: int
+    score: float     # cumulative log q from the root
+    parent: int      # index into the node list, -1 = child of the root
+
+
+def expand_tree(step_fn: StepFn, root: int, root_feat: torch.Tensor, root_logp: torch.Tensor,
+                cfg: TreeConfig) -> DraftTree:
+    """EAGLE-2 dynamic tree. root_feat: [H] f̂ predicted at the root's position; root_logp: [V] the
+    head's log-probs for the token after the root. Returns a tree of at most cfg.total_tokens nodes.
+
+    1. Layer 1 = top-k of root_logp (score = log q).
+    2. `depth` times: feed the k frontier nodes (features = their parents' outputs), score their
+       top-k children by cumulative log-prob, keep the best k of the k² as the next frontier.
+    3. Global re-rank: keep the best total_tokens - 1 of all scored nodes. Scores never increase
+       along a path and ties break by creation order, so the kept set is ancestor-closed.
+    """
+    budget = cfg.total_tokens - 1
+    if budget <= 0:
+        return DraftTree.root_only(root)
+    k = min(cfg.top_k, budget, root_logp.shape[-1])
+    top = torch.topk(root_logp.float(), k)
+    nodes = [_Node(int(t), float(s), -1) for s, t in zip(top.values.tolist(), top.indices.tolist())]
+    frontier = list(range(k))
+    feats = root_feat[None].expand(k, -1)                                     # [k, H]
+    for i in range(cfg.depth):
+        tokens = torch.tensor([nodes[j].token for j in frontier], dtype=torch.long)
+        paths = [_token_path(nodes, j) for j in frontier]
+        out, logp = step_fn(feats, tokens, i, torch.tensor(frontier), paths)  # [k', H], [k', V]
+        ct = torch.topk(logp.float(), k, dim=-1)                              # [k', k]
+        base = torch.tensor([nodes[j].score for j in frontier])[:, None]
+        cu = (ct.values.cpu().double() + base.double())                       # [k', k]
+        first = len(nodes)
+        cand_tok = ct.indices.cpu().tolist()
+        cu_list = cu.tolist()
+        for a, parent in enumerate(frontier):
+            for b in range(k):
+                nodes.append(_Node(int(cand_tok[a][b]), float(cu_list[a][b]), parent))
+        sel = torch.topk(cu.flatten(), min(k, cu.numel())).indices.tolist()
+        sel.sort()
+        frontier = [first + s for s in sel]
+        feats = out[torch.tensor([s // k for s in sel], device=out.device)]
+    order = sorted(range(len(nodes)), key=lambda j: (-nodes[j].score, j))[:budget]
+    keep = sorted(order)
+    index = {j: r + 1 for r, j in enumerate(keep)}
+    tokens = [root] + [nodes[j].token for j in keep]
+    parents = [-1] + [0 if nodes[j].parent == -1 else index[nodes[j].parent] for j in keep]
+    scores = [0.0] + [nodes[j].score for j in keep]
+    probs = [1.0] + [math.exp(nodes[j].score - (0.0 if nodes[j].parent == -1 else nodes[nodes[j].parent].score))
+                     for j in keep]
+    return DraftTree.from_parents(tokens, parents, "eagle", scores=scores, draft_probs=probs)
+
+
+def capped_tree_config(cfg: TreeConfig, max_nodes: int) -> TreeConfig:
+    """`cfg` with total_tokens lowered to `max_nodes` (context room), if needed."""
+    if cfg.total_tokens <= max_nodes:
+        return cfg
+    return dataclasses.replace(cfg, total_tokens=max(1, max_nodes))
+
+
+def _token_path(nodes: list[_Node], j: int) -> tuple[int, ...]:
+    out = []
+    while j != -1:
+        out.append(nodes[j].token)
+        j = nodes[j].parent
+    return tuple(reversed(out))
+
+
+# ---------------------------------------------------------------------------- the drafter
+class Eagle2Drafter:
+    """EAGLE-2 drafter with catch-up: hidden states of every committed position are queued and fed to
+    the head (with the token that follows each) the next time it drafts, so its KV cache stays in
+    sync even after steps it did not draft (retrieval steps in SAM/ReSpec)."""
+
+    name = "eagle2"
+    needs_hidden = True
+
+    def __init__(self, target: TargetModel, head: EagleHead, tree: TreeConfig) -> None:
+        self.target = target
+        self.head = head
+        self.tree_cfg = tree
+        self.cache = DynamicCache()
+        self._pending: list[torch.Tensor] = []   # each [m_i, H]: features of committed positions
+
+    @property
+    def kv_len(self) -> int:
+        return self.cache.get_seq_length()
+
+    def reset(self, prompt: Sequence[int], prompt_hidden: torch.Tensor | None) -> None:
+        self.cache = DynamicCache()
+        self._pending = [] if prompt_hidden is None else [prompt_hidden]
+
+    def observe(self, outcome: StepOutcome) -> None:
+        if outcome.committed_hidden is not None:
+            self._pending.append(outcome.committed_hidden)
+
+    @torch.inference_mode()
+    def catch_up(self, committed: Sequence[int], root: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed pending pairs (f_t, x_{t+1}), the last one pairing with `root`. Returns the head's
+        prediction at the root position: f̂ [H] and log-probs [V]."""
+        feats = torch.cat(self._pending, dim=0)                                    # [m, H]
+        self._pending = []
+        start = self.kv_len
+        m = feats.shape[0]
+        nxt = list(committed[start + 1:start + m]) + [root]
+        if len(nxt) != m:
+            raise RuntimeError(f"EAGLE catch-up out of sync: {m} features, {len(nxt)} tokens")
+        dev = self.target.device
+        tok = torch.tensor(nxt, dtype=torch.long, device=dev)
+        pos = torch.arange(start, start + m, device=dev)
+        out = self.head(self.target.embed(tok), feats, pos, self.cache, None)      # [m, H]
+        f = out[-1]
+        logp = torch.log_softmax(self.target.lm_head(f[None]).float(), dim=-1)[0]  # [V]
+        return f, logp
+
+    @torch.inference_mode()
+    def draft_tree(self, committed: Sequence[int], root: int, cfg: TreeConfig | None = None) -> DraftTree:
+        cfg = cfg or self.tree_cfg
+        if not self._pending and self.kv_len == 0:
+            raise RuntimeError("EAGLE drafter used before reset")
+        f, logp = self.catch_up(committed, root)
+        if cfg.total_tokens <= 1:
+            return DraftTree.root_only(root)
+        stable = self.kv_len
+        dev = self.target.device
+        dtype = self.target.dtype
+        fed: list[torch.Tensor] = []       # per fed slot: row of the tree mask over fed slots
+        slot_rows = torch.zeros(0, 0, dtype=torch.bool)
+        frontier_rows: dict[int, torch.Tensor] = {}
+        k_prev = 0
+
+        def step_fn(feats: torch.Tensor, tokens: torch.Tensor, depth: int, frontier: torch.Tensor):
+            nonlocal slot_rows, k_prev
+            kq = tokens.shape[0]
+            # tree-mask rows of the nodes fed now: their parents' rows (over earlier slots) + identity
+            if depth == 0:
+                rows = torch.zeros(kq, 0, dtype=torch.bool)
+            else:
+                rows = torch.stack([frontier_rows[int(j)] for j in frontier.tolist()])
+            n_fed = slot_rows.shape[1]
+            rows = torch.cat([rows, torch.eye(kq, dtype=torch.bool)], dim=1)         # [kq, n_fed + kq]
+            allowed = torch.cat([torch.ones(kq, stable, dtype=torch.bool), rows], dim=1)
+            mask = torch.zeros(1, 1, kq, stable + n_fed + kq, dtype=dtype)
+            mask = mask.masked_fill(~allowed, torch.finfo(dtype).min).to(dev)
+            pos = torch.full((kq,), stable + depth, dtype=torch.long, device=dev)
+            out = self.head(self.target.embed(tokens.to(dev)), feats, pos, self.cache, mask)   # [kq, H]
+            slot_rows = torch.cat([torch.cat([slot_rows, torch.zeros(slot_rows.shape[0], kq, dtype=torch.bool)], 1),
+                                   rows], 0)
+            # children created from slot a inherit row a (looked up by node index after expansion)
+            step_fn.last_rows = rows
+            logp_children = torch.log_softmax(self.target.lm_head(out).float(), dim=-1)   # [kq, V]
+            return out, logp_children
+
+        # Node bookkeeping for masks: expand_tree numbers nodes 0..; frontier j at depth i was fed in
+        # slot order, so its children (created right after) need its row. We wrap step_fn to record.
+        counter = {"next_node": 0}
+
+        def tracked(feats, tokens, depth, frontier, paths):
+            out, lp = step_fn(feats, tokens, depth, frontier)
+            rows = step_fn.last_rows
+            kq = tokens.shape[0]
+            k = min(cfg.top_k, cfg.total_tokens - 1, lp.shape[-1])
+            if depth == 0:
+                counter["next_node"] = k
+            first = counter["next_node"]
+            for a in range(kq):
+                r = torch.cat([rows[a], torch.zeros(0, dtype=torch.bool)])
+                for b in range(k):
+                    frontier_rows[first + a * k + b] = r
+            counter["next_node"] = first + kq * k
+            return out, lp
+
+        try:
+            tree = expand_tree(tracked, root, f, logp, cfg)
+        finally:
+            added = self.kv_len - stable
+            if added > 0:
+                self.cache.crop(-added)      # the draft tree's KV is scratch: keep the context only
+        return tree
+
+    def propose(self, ctx: DraftContext) -> Proposal:
+        tree = self.draft_tree(ctx.tokens, ctx.root, capped_tree_config(self.tree_cfg, ctx.max_nodes))
+        return Proposal(tree=tree, source="eagle" if tree.num_draft else "none")

@@ -1,0 +1,123 @@
+"""HF causal-LM adapter implementing TargetModel through public arguments only.
+
+Contract: works with any transformers decoder whose base model returns `last_hidden_state` after
+the final norm and whose output layer is `get_output_embeddings()` (Llama, Qwen2, Mistral, Gemma...).
+Tree verification passes an additive 4D float mask of shape (1, 1, n, kv_len + n) and explicit
+position ids kv_len + depth; chains and single tokens use the model's own causal mask (identical
+logits, fewer allocations). The KV cache is transformers' own DynamicCache. Compaction after a
+non-prefix path gathers the kept rows of every layer along the sequence axis, then crops
+(`DynamicCache.crop` takes a NEGATIVE count in transformers 5; see shared/models/README.md §3.2).
+No modeling file is forked or patched.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from transformers import DynamicCache
+
+from respec.models.base import TargetOutput
+from respec.tree import DraftTree
+
+
+class HFTarget:
+    def __init__(self, model, *, eos_token_ids: frozenset[int] = frozenset(), context_length: int | None = None,
+                 name: str = "model", tokenizer=None) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name
+        cfg = model.config
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.hidden_size = int(cfg.hidden_size)
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        self.context_length = int(context_length or getattr(cfg, "max_position_embeddings", 2048))
+        self.softcap = getattr(cfg, "final_logit_softcapping", None)
+        self._base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+        self._head = model.get_output_embeddings()
+        self._embed = model.get_input_embeddings()
+        self.cache: DynamicCache | None = None
+        self._pending: int = 0          # tree nodes fed by the last forward_tree, not yet kept
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def device(self) -> torch.device:
+        return self._embed.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._embed.weight.dtype
+
+    @property
+    def kv_len(self) -> int:
+        """Committed positions in the cache."""
+        if self.cache is None:
+            return 0
+        return self.cache.get_seq_length() - self._pending
+
+    # ------------------------------------------------------------------ seam
+    def reset(self) -> None:
+        self.cache = DynamicCache(config=self.model.config)
+        self._pending = 0
+
+    def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self._head(hidden.to(self._head.weight.device))
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self._embed(tokens.to(self.device))
+
+    @torch.inference_mode()
+    def prefill(self, tokens: Sequence[int]) -> TargetOutput:
+        self.reset()
+        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)   # [1, n]
+        out = self._base(input_ids=ids, cache=self.cache, use_cache=True)
+        hidden = out.last_hidden_state[0]                                            # [n, H]
+        logits = self.lm_head(hidden[-1:]).float()                                   # [1, V]
+        return TargetOutput(logits=logits, hidden=hidden)
+
+    @torch.inference_mode()
+    def forward_tree(self, tree: DraftTree, need_hidden: bool = True) -> TargetOutput:
+        if self.cache is None:
+            raise RuntimeError("forward_tree before prefill")
+        if self._pending:
+            raise RuntimeError("forward_tree called twice without keep()")
+        past = self.kv_len
+        n = tree.size
+        ids = torch.tensor([tree.tokens], dtype=torch.long, device=self.device)     # [1, n]
+        depths = torch.tensor(tree.depths(), dtype=torch.long, device=self.device)
+        is_chain = all(p == i - 1 for i, p in enumerate(tree.parents))
+        if is_chain:
+            mask = None   # the model's causal mask equals the chain's ancestor mask
+        else:
+            allowed = torch.cat([torch.ones(n, past, dtype=torch.bool), tree.attention_mask()], dim=1)
+            mask = torch.zeros(1, 1, n, past + n, dtype=self.dtype)
+            mask = mask.masked_fill(~allowed, torch.finfo(self.dtype).min).to(self.device)  # [1,1,n,past+n]
+        out = self._base(input_ids=ids, attention_mask=mask, position_ids=(past + depths)[None],
+                         cache=self.cache, use_cache=True)
+        self._pending = n
+        hidden = out.last_hidden_state[0]                                            # [n, H]
+        logits = self.lm_head(hidden).float()                                        # [n, V]
+        return TargetOutput(logits=logits, hidden=hidden if need_hidden else None)
+
+    @torch.inference_mode()
+    def keep(self, path: Sequence[int]) -> None:
+        """Commit the rows of `path` (root first, ascending node indices) of the last tree."""
+        n, past = self._pending, self.kv_len
+        path = list(path)
+        if not path or path[0] != 0:
+            raise ValueError("the kept path must start at the root (node 0)")
+        if path != list(range(len(path))):
+            # Non-prefix path: move the kept rows to the front of the tree block, per layer.
+            # e.g. past=10, path=[0, 2, 5]: rows 10,12,15 -> 10,11,12; then drop 3 trailing rows.
+            src = torch.tensor([past + i for i in path], dtype=torch.long)
+            for layer in self.cache.layers:
+                for name in ("keys", "values"):
+                    t = getattr(layer, name)                                         # [B, H, S, D]
+                    idx = src.to(t.device)
+                    t[:, :, past:past + len(path)] = t.index_select(2, idx)
+        drop = n - len(path)
+        if drop > 0:
+            self.cache.crop(-drop)
+        self._pending = 0

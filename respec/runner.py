@@ -1,0 +1,84 @@
+"""High-level helpers shared by the CLI, the benchmark and the app: build an engine for a method on
+a loaded target, choose its EAGLE head, and run a text prompt to a GenerationResult with metadata.
+
+Contract: `Runner(target, head_spec)` owns one target and one EAGLE head and builds a fresh drafter
+per request (drafter state never leaks between requests; the target's KV cache is reset by every
+prefill). The EAGLE head is: an explicit checkpoint directory if given, else the shipped head for
+the default model in assets/ if present, else a seeded random head (lossless, accepts little),
+and `head_info` says which.
+"""
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import torch
+
+from respec.config import EngineConfig
+from respec.drafters import make_drafter
+from respec.engine import Engine
+from respec.errors import ConfigError
+from respec.trace import GenerationResult, StepTrace
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+DEFAULT_HEAD_DIR = ASSETS / "eagle" / "smollm2-135m-instruct"
+
+
+class Runner:
+    def __init__(self, target, head: str | None = None) -> None:
+        from respec.drafters.eagle2 import load_eagle_head, random_head
+
+        self.target = target
+        self.tokenizer = getattr(target, "tokenizer", None)
+        name = getattr(getattr(target, "loaded", None), "name", getattr(target, "name", "model"))
+        if head:
+            self.head = load_eagle_head(head, target)
+            self.head_info = f"checkpoint {head}"
+        elif name == "default" and (DEFAULT_HEAD_DIR / "config.json").is_file():
+            self.head = load_eagle_head(DEFAULT_HEAD_DIR, target)
+            self.head_info = f"shipped {DEFAULT_HEAD_DIR.relative_to(ASSETS.parent)}"
+        else:
+            self.head = random_head(target, seed=0)
+            self.head_info = "random (untrained; lossless but accepts little)"
+
+    def engine(self, config: EngineConfig) -> Engine:
+        drafter = make_drafter(config.method, self.target, config, head=self.head)
+        return Engine(self.target, drafter, config, tokenizer=self.tokenizer)
+
+    def encode(self, prompt: str | list[dict], chat: bool = True) -> list[int]:
+        from respec.models.loading import encode_prompt
+        return encode_prompt(self.tokenizer, prompt, chat=chat)
+
+    def meta(self, config: EngineConfig, prompt: str | list[dict] | None = None) -> dict:
+        import transformers
+        loaded = getattr(self.target, "loaded", None)
+        return {"model": getattr(loaded, "name", getattr(self.target, "name", "model")),
+                "model_source": str(getattr(loaded, "source", "")),
+                "device": str(self.target.device), "dtype": str(self.target.dtype).replace("torch.", ""),
+                "eagle_head": self.head_info, "method": config.method, "seed": config.sampling.seed,
+                "prompt": prompt, "torch": torch.__version__, "transformers": transformers.__version__,
+                "python": platform.python_version()}
+
+    def generate(self, prompt: str | list[dict], config: EngineConfig, chat: bool = True) -> GenerationResult:
+        ids = self.encode(prompt, chat=chat)
+        result = self.engine(config).generate(ids)
+        result.meta.update(self.meta(config, prompt))
+        return result
+
+    def stream(self, prompt: str | list[dict], config: EngineConfig, chat: bool = True
+               ) -> tuple[Engine, list[int], Iterator[StepTrace]]:
+        ids = self.encode(prompt, chat=chat)
+        engine = self.engine(config)
+        return engine, ids, engine.stream(ids)
+
+
+def parse_methods(text: str | Sequence[str]) -> list[str]:
+    from respec.config import IMPLEMENTED_METHODS
+    items = [m.strip() for m in (text.split(",") if isinstance(text, str) else text) if m.strip()]
+    if not items:
+        raise ConfigError("no methods given")
+    for m in items:
+        if m not in IMPLEMENTED_METHODS:
+            raise ConfigError(f"unknown method {m!r}; choose from {', '.join(IMPLEMENTED_METHODS)}")
+    return list(dict.fromkeys(items))

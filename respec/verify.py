@@ -1,0 +1,125 @@
+"""Verification of a DraftTree against the target's outputs. Pure functions.
+
+Glossary (used everywhere in this project):
+- *draft token*: a non-root node of the DraftTree, proposed by a drafter (retrieval or EAGLE-2).
+- *accepted token*: a draft node the target agrees with. Under strict greedy verification a node
+  is accepted iff its parent was accepted (or is the root) and its token is the target's argmax
+  after the parent. Under sampling it is accepted with the target's (residual) probability.
+- *bonus token*: the target's own choice after the deepest accepted node (argmax, or a sample from
+  p there); it becomes the root of the next step. After a sampling rejection the next root is a
+  *recovered* token, drawn from the residual distribution.
+- Each step commits root + accepted tokens; the next root (bonus/recovered) is committed by the next
+  step. *Mean accepted length* = tokens committed per target forward = 1 + accepted per step: it
+  COUNTS the bonus token (Spec-Bench's MAT; vanilla decoding scores exactly 1.0).
+
+Letters: p = target distribution, q = drafter distribution. Draft tokens of this engine are
+deterministic top-k / retrieval proposals (q is a point mass), so lossless sampling follows the
+multi-draft rule of ALGORITHMS.md §4.6: siblings are tried in order, each accepted with probability
+p(x) under the current residual; a rejected x gets p(x) = 0 and p is renormalised.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from respec.tree import DraftTree
+
+NodeStatus = Literal["accepted", "relaxed", "rejected", "unvisited"]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    path: tuple[int, ...]                 # node indices, root first: root + accepted nodes
+    next_token: int                       # bonus or recovered token (the next step's root)
+    next_kind: Literal["bonus", "recovered"]
+    node_status: tuple[str, ...]          # [n + 1]; the root is always "accepted"
+    num_relaxed: int = 0
+
+    @property
+    def num_accepted(self) -> int:
+        """Accepted draft tokens (root and bonus excluded)."""
+        return len(self.path) - 1
+
+    def to_dict(self) -> dict:
+        return {"path": list(self.path), "next_token": self.next_token, "next_kind": self.next_kind,
+                "node_status": list(self.node_status), "num_relaxed": self.num_relaxed}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Verdict:
+        return cls(path=tuple(d["path"]), next_token=int(d["next_token"]), next_kind=d["next_kind"],
+                   node_status=tuple(d["node_status"]), num_relaxed=int(d.get("num_relaxed", 0)))
+
+
+def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> Verdict:
+    """Strict greedy verification. logits: [n + 1, vocab]; row i is the target's prediction after
+    node i (given node i's ancestors). Walks from the root, at each node accepting the child whose
+    token equals the target's argmax there; that walk is the longest accepted path (strict
+    acceptance has at most one valid child per node, except duplicate siblings, where the first
+    wins). The bonus token is the argmax after the last accepted node."""
+    top1 = logits.argmax(dim=-1).tolist()           # [n + 1]
+    children = tree.children()
+    status = ["unvisited"] * tree.size
+    status[0] = "accepted"
+    path = [0]
+    node = 0
+    while True:
+        nxt = None
+        for c in children[node]:
+            if nxt is None and tree.tokens[c] == top1[node]:
+                nxt = c
+                status[c] = "accepted"
+            else:
+                status[c] = "rejected"
+        if nxt is None:
+            break
+        path.append(nxt)
+        node = nxt
+    return Verdict(path=tuple(path), next_token=int(top1[node]), next_kind="bonus",
+                   node_status=tuple(status))
+
+
+def verify_sampling(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator) -> Verdict:
+    """Lossless speculative sampling over a tree of point-mass proposals.
+    probs: [n + 1, vocab] target probabilities (after temperature/top-k/top-p); row i is p after
+    node i. `generator` is a CPU torch.Generator; the result is reproducible for a given seed.
+
+    At each accepted node, children are tried in node order: child x is accepted with probability
+    p(x) (p renormalised after earlier rejections); a rejected child gets p(x) = 0. If a child is
+    accepted we descend; otherwise the next token is drawn from the residual p (recovered). At a node
+    without children the next token is drawn from p itself (bonus)."""
+    children = tree.children()
+    status = ["unvisited"] * tree.size
+    status[0] = "accepted"
+    path = [0]
+    node = 0
+    while True:
+        kids = children[node]
+        p = probs[node].detach().to("cpu", torch.float64)
+        p = p / p.sum()
+        accepted = None
+        rejected_any = False
+        for c in kids:
+            tok = tree.tokens[c]
+            u = torch.rand((), generator=generator, dtype=torch.float64).item()
+            if u < p[tok].item():
+                accepted = c
+                status[c] = "accepted"
+                break
+            status[c] = "rejected"
+            rejected_any = True
+            p[tok] = 0.0
+            total = p.sum()
+            if total <= 0:       # numerically nothing left: fall back to the target's argmax
+                p = probs[node].detach().to("cpu", torch.float64)
+                p = (p == p.max()).double()
+                total = p.sum()
+            p = p / total
+        if accepted is None:
+            nxt = int(torch.multinomial(p, 1, generator=generator).item())
+            return Verdict(path=tuple(path), next_token=nxt,
+                           next_kind="recovered" if rejected_any else "bonus",
+                           node_status=tuple(status))
+        path.append(accepted)
+        node = accepted
