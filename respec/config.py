@@ -22,7 +22,14 @@ from respec.errors import ConfigError
 #: vanilla greedy output; `respec` with a relaxed budget > 0 is the only lossy one.
 METHODS: tuple[str, ...] = ("vanilla", "eagle2", "sam", "respec", "respec-strict",
                             "respec-no-trigger", "respec-no-ema")
-IMPLEMENTED_METHODS: tuple[str, ...] = ("vanilla", "eagle2", "sam")
+IMPLEMENTED_METHODS: tuple[str, ...] = METHODS
+#: Methods whose retrieval nodes are verified with the relaxed rule (lossy unless relax.budget == 0).
+RELAXED_METHODS: tuple[str, ...] = ("respec", "respec-no-trigger", "respec-no-ema")
+
+
+def is_lossless(config: "EngineConfig") -> bool:
+    """True when the method must reproduce vanilla decoding (strict verification or sampling)."""
+    return config.method not in RELAXED_METHODS or config.relax.budget == 0 or not config.greedy
 
 #: Hard caps that protect a shared deployment; deployments may lower them (see app settings).
 MAX_NEW_TOKENS_CAP = 8192

@@ -16,7 +16,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from respec.config import EngineConfig
+from respec.config import RELAXED_METHODS, EngineConfig
 from respec.drafters.base import DraftContext, Drafter, StepOutcome
 from respec.errors import PromptError
 from respec.models.base import TargetModel
@@ -38,12 +38,16 @@ def _margins(logits: torch.Tensor) -> list[float]:
 
 class Engine:
     def __init__(self, target: TargetModel, drafter: Drafter, config: EngineConfig,
-                 stop_token_ids: Sequence[int] | None = None, tokenizer=None) -> None:
+                 stop_token_ids: Sequence[int] | None = None, tokenizer=None,
+                 no_relax_ids: frozenset[int] | None = None) -> None:
         self.target = target
         self.drafter = drafter
         self.config = config
         self.tokenizer = tokenizer
         self.stop_token_ids = frozenset(target.eos_token_ids if stop_token_ids is None else stop_token_ids)
+        # Relaxed verification (ReSpec's retrieval nodes, greedy only) never relaxes these tokens.
+        self.no_relax_ids = frozenset(no_relax_ids or ()) | self.stop_token_ids
+        self.relax = config.relax if (config.method in RELAXED_METHODS and config.greedy) else None
         self.last_result: GenerationResult | None = None
         self._first: tuple[int, float, float, float] | None = None
 
@@ -101,7 +105,7 @@ class Engine:
             tout = self.target.forward_tree(tree, need_hidden=self.drafter.needs_hidden)
             # 3.4 Verify: strict greedy, or lossless speculative sampling.
             if greedy:
-                verdict = verify_greedy(tree, tout.logits)
+                verdict = verify_greedy(tree, tout.logits, self.relax, self.no_relax_ids)
             else:
                 verdict = verify_sampling(tree, probs_from_logits(tout.logits, cfg.sampling), gen)
             # 3.5 Keep only the accepted path in the KV cache; commit root + accepted tokens.
@@ -118,15 +122,16 @@ class Engine:
             hidden = None
             if tout.hidden is not None:
                 hidden = tout.hidden[torch.tensor(path, device=tout.hidden.device)]  # [a + 1, H]
-            self.drafter.observe(StepOutcome(proposal=proposal, verdict=verdict,
-                                             committed=[tree.tokens[i] for i in path],
-                                             committed_hidden=hidden, next_root=verdict.next_token))
+            feedback = self.drafter.observe(StepOutcome(proposal=proposal, verdict=verdict,
+                                                        committed=[tree.tokens[i] for i in path],
+                                                        committed_hidden=hidden, next_root=verdict.next_token))
+            candidates = proposal.candidates if feedback is None else feedback
             # 3.7 Report the step.
             yield StepTrace(step=step, source=proposal.source, tree=tree, verdict=verdict,
                             new_tokens=tuple(new_tokens), entropies=tuple(step_entropies),
                             margins=tuple(step_margins),
                             draft_ms=(t_verify - t_draft) * 1000, verify_ms=(t_done - t_verify) * 1000,
-                            decision=proposal.decision, candidates=proposal.candidates)
+                            decision=proposal.decision, candidates=tuple(candidates))
             step += 1
             # 3.8 Stop at a stop token or at max_new_tokens (the last step may overshoot: truncated).
             done = False

@@ -24,6 +24,7 @@ from typing import Literal
 
 import torch
 
+from respec.config import RelaxConfig
 from respec.tree import DraftTree
 
 NodeStatus = Literal["accepted", "relaxed", "rejected", "unvisited"]
@@ -52,7 +53,16 @@ class Verdict:
                    node_status=tuple(d["node_status"]), num_relaxed=int(d.get("num_relaxed", 0)))
 
 
-def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> Verdict:
+def verify_greedy(tree: DraftTree, logits: torch.Tensor, relax: RelaxConfig | None = None,
+                  no_relax_ids: frozenset[int] = frozenset()) -> Verdict:
+    """Greedy verification: strict everywhere, or source-aware relaxed when `relax` is given with a
+    budget > 0 and the tree has retrieval nodes (see `verify_relaxed`)."""
+    if relax is not None and relax.budget > 0 and "retrieval" in tree.sources:
+        return verify_relaxed(tree, logits, relax, no_relax_ids)
+    return verify_strict(tree, logits)
+
+
+def verify_strict(tree: DraftTree, logits: torch.Tensor) -> Verdict:
     """Strict greedy verification. logits: [n + 1, vocab]; row i is the target's prediction after
     node i (given node i's ancestors). Walks from the root, at each node accepting the child whose
     token equals the target's argmax there; that walk is the longest accepted path (strict
@@ -123,3 +133,69 @@ def verify_sampling(tree: DraftTree, probs: torch.Tensor, generator: torch.Gener
                            node_status=tuple(status))
         path.append(accepted)
         node = accepted
+
+
+def verify_relaxed(tree: DraftTree, logits: torch.Tensor, relax: RelaxConfig,
+                   no_relax_ids: frozenset[int] = frozenset()) -> Verdict:
+    """ReSpec's source-aware relaxed verification (ALGORITHMS.md §1.6), greedy only.
+    logits: [n + 1, vocab]. On each root-to-leaf path x0 -> d_1 .. d_m, with z_i the logits of the
+    node that predicts d_i and a_i = argmax z_i:
+      strict(i)    := d_i == a_i
+      plausible(i) := d_i is a RETRIEVAL node, rank of d_i in z_i <= β, lp(a_i) - lp(d_i) <= τ,
+                      and neither d_i nor a_i is in `no_relax_ids` (special and digit-only tokens)
+      lookahead(i) := i + w <= m and strict(j) for j = i+1 .. i+w
+    Walk i = 1..m: strict -> continue; else relax (at most `budget` per path) if plausible and
+    lookahead -> continue; else stop. The path with the most accepted tokens wins; ties go to fewer
+    relaxed acceptances, then to the earlier path. EAGLE nodes are only ever accepted strictly.
+    With budget = 0 this is exactly `verify_strict`."""
+    top1 = logits.argmax(dim=-1)                                           # [n + 1]
+    top1_list = top1.tolist()
+    tokens = tree.tokens
+    n = tree.size
+    tok_t = torch.tensor(tokens, dtype=torch.long, device=logits.device)
+    parents = torch.tensor([max(p, 0) for p in tree.parents], dtype=torch.long, device=logits.device)
+    z = logits[parents]                                                    # [n + 1, V]: row i predicts node i
+    zd = z.gather(1, tok_t[:, None])[:, 0]                                 # logit of each node's token
+    rank = (z > zd[:, None]).sum(-1) + 1                                   # 1 = top-1
+    gap = (z.max(-1).values - zd)                                          # logit gap == log-prob gap
+    strict = [tokens[i] == top1_list[tree.parents[i]] for i in range(n)]
+    strict[0] = True
+    plausible = [False] * n
+    rank_l, gap_l = rank.tolist(), gap.float().tolist()
+    for i in range(1, n):
+        plausible[i] = (tree.sources[i] == "retrieval" and rank_l[i] <= relax.beta and gap_l[i] <= relax.tau
+                        and tokens[i] not in no_relax_ids and top1_list[tree.parents[i]] not in no_relax_ids)
+    best: tuple[int, int, tuple[int, ...], tuple[int, ...]] | None = None   # (acc, -relaxed, path, relaxed)
+    for leaf in tree.leaves():
+        full = tree.path_to(leaf)
+        m = len(full) - 1
+        left = relax.budget
+        walked = [0]
+        relaxed: list[int] = []
+        for i in range(1, m + 1):
+            node = full[i]
+            if strict[node]:
+                walked.append(node)
+                continue
+            ok = (left > 0 and plausible[node] and i + relax.lookahead <= m
+                  and all(strict[full[j]] for j in range(i + 1, i + relax.lookahead + 1)))
+            if not ok:
+                break
+            left -= 1
+            relaxed.append(node)
+            walked.append(node)
+        key = (len(walked) - 1, -len(relaxed))
+        if best is None or key > (best[0], best[1]):
+            best = (key[0], key[1], tuple(walked), tuple(relaxed))
+    _, _, path, relaxed_nodes = best
+    status = ["unvisited"] * n
+    on_path = set(path)
+    for node in path:
+        status[node] = "accepted"
+        for c in tree.children()[node]:
+            if c not in on_path:
+                status[c] = "rejected"
+    for node in relaxed_nodes:
+        status[node] = "relaxed"
+    return Verdict(path=path, next_token=int(top1_list[path[-1]]), next_kind="bonus",
+                   node_status=tuple(status), num_relaxed=len(relaxed_nodes))

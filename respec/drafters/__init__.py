@@ -14,6 +14,7 @@ __all__ = ["Decision", "DraftContext", "Drafter", "Proposal", "StepOutcome", "ma
 
 def make_drafter(method: str, target, config: EngineConfig, head=None) -> Drafter:
     from respec.drafters.eagle2 import Eagle2Drafter, random_head
+    from respec.drafters.respec import ReSpecDrafter
     from respec.drafters.sam import SamDrafter
     from respec.drafters.vanilla import VanillaDrafter
 
@@ -24,4 +25,8 @@ def make_drafter(method: str, target, config: EngineConfig, head=None) -> Drafte
     eagle = Eagle2Drafter(target, head if head is not None else random_head(target), config.tree)
     if method == "eagle2":
         return eagle
-    return SamDrafter(eagle, config.sam, stop_token_ids=target.eos_token_ids)
+    if method == "sam":
+        return SamDrafter(eagle, config.sam, stop_token_ids=target.eos_token_ids)
+    return ReSpecDrafter(eagle, config, name=method, stop_token_ids=target.eos_token_ids,
+                         trigger="match" if method == "respec-no-trigger" else "entropy",
+                         ema=method != "respec-no-ema")

@@ -65,4 +65,5 @@ class Drafter(Protocol):
 
     def propose(self, ctx: DraftContext) -> Proposal: ...
 
-    def observe(self, outcome: StepOutcome) -> None: ...
+    def observe(self, outcome: StepOutcome) -> tuple[dict, ...] | None:
+        """Return the proposal's candidate records completed with their outcome, or None."""

@@ -1,0 +1,242 @@
+"""ReSpec drafting policy (ALGORITHMS.md §1): WHEN to retrieve (entropy trigger), WHAT to retrieve
+(every earlier match position, ranked by an EMA of past acceptance, merged into one trie), and the
+EAGLE-2 fallback. HOW to verify (relaxed for retrieval nodes) lives in respec/verify.py; the engine
+applies it for the relaxed methods.
+
+Contract: `propose` records every decision (trigger inputs and outcome, each candidate with its match
+length and score, whether the fallback fired and why) in the Proposal; `observe` returns the
+candidate records completed with tokens accepted and score after the EMA update. The inner EAGLE-2
+drafter is kept in sync on every step (catch-up), whichever source drafted.
+
+Variants (the ablations of §1.8):
+- `trigger="entropy"` (ReSpec) or `"match"` (SAM-Decoding's rule: match length >= sam.len_threshold);
+- `ema=True` (all positions, EMA-ranked, top-K) or `False` (the earliest occurrence only, K = 1,
+  draft length L_max, no score filter).
+Letters: l (window), λ_e, θ_H, α, S0, θ_score, K, L_max, L_min as in ALGORITHMS.md.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from respec.config import CandidateConfig, EngineConfig, TriggerConfig
+from respec.drafters.base import Decision, DraftContext, Proposal, StepOutcome
+from respec.drafters.eagle2 import Eagle2Drafter, capped_tree_config
+from respec.retrieval import NgramPositionIndex, SuffixAutomaton
+from respec.tree import DraftTree
+
+QUERY_TAIL = 40          # tokens of hist + [root] handed to the position index (> its cap of 32)
+
+
+# ---------------------------------------------------------------------------- pure pieces
+@dataclass(frozen=True)
+class TriggerResult:
+    fired: bool
+    window: tuple[float, ...]     # the last min(l, len) entropies, oldest first
+    k_star: int                   # chosen window length
+    mean_entropy: float           # H̄_{k*}
+    scores: tuple[float, ...]     # C_1 .. C_l
+
+
+def entropy_trigger(entropies: Sequence[float], cfg: TriggerConfig) -> TriggerResult:
+    """C_k = H̄_k + λ_e / k over the last k = 1..l entropies; k* = argmin C_k (ties -> smaller k);
+    fire iff H̄_{k*} <= θ_H. Worked example (l=3, λ_e=1): H = 2.0, 0.6, 0.9 -> C = 1.9, 1.25, 1.5,
+    k* = 2, H̄ = 0.75 -> fires at θ_H = 1.5."""
+    hist = list(entropies)[-cfg.window:]
+    if not hist:
+        return TriggerResult(False, (), 0, float("inf"), ())
+    means, scores = [], []
+    for k in range(1, len(hist) + 1):
+        m = sum(hist[-k:]) / k
+        means.append(m)
+        scores.append(m + cfg.lambda_e / k)
+    k_star = min(range(len(scores)), key=lambda i: (scores[i], i)) + 1
+    mean = means[k_star - 1]
+    return TriggerResult(mean <= cfg.theta_entropy, tuple(hist), k_star, mean, tuple(scores))
+
+
+def ema_update(score: float, reward: float, alpha: float) -> float:
+    """S <- (1 - α) S + α R. Worked example: S = 0.5, α = 0.3, R = 6/8 -> 0.575."""
+    return (1.0 - alpha) * score + alpha * reward
+
+
+def draft_length(l_max: int, score: float) -> int:
+    """max(1, round(L_max · S)), halves rounded UP (pinned: 16 · 0.5625 = 9 -> 9; 4 · 0.625 = 2.5 -> 3)."""
+    return max(1, int(l_max * score + 0.5))
+
+
+# ---------------------------------------------------------------------------- the drafter
+class ReSpecDrafter:
+    needs_hidden = True
+
+    def __init__(self, eagle: Eagle2Drafter, config: EngineConfig, *, trigger: str = "entropy", ema: bool = True,
+                 stop_token_ids: frozenset[int] = frozenset(), name: str = "respec") -> None:
+        if trigger not in ("entropy", "match"):
+            raise ValueError(f"unknown trigger {trigger!r}")
+        self.name = name
+        self.eagle = eagle
+        self.trigger_cfg: TriggerConfig = config.trigger
+        self.cand_cfg: CandidateConfig = config.candidates
+        self.sam_threshold = config.sam.len_threshold
+        self.trigger = trigger
+        self.ema = ema
+        self.stop = frozenset(stop_token_ids)
+        self._init_state()
+
+    def _init_state(self) -> None:
+        self.sam = SuffixAutomaton()
+        self.index = NgramPositionIndex(qmax=8)
+        self.scores: dict[int, float] = {}       # S_e, keyed by end position e in hist
+        self.pred_of: dict[int, int] = {}        # e' -> e: e' continues e's copied span
+        self._last: list[dict] | None = None     # candidate records of the last retrieval step
+
+    def reset(self, prompt: Sequence[int], prompt_hidden: torch.Tensor | None) -> None:
+        self._init_state()
+        self.sam.extend(prompt)
+        self.index.extend(prompt)
+        self.eagle.reset(prompt, prompt_hidden)
+
+    # -- 1. WHEN -------------------------------------------------------------------------------
+    def _when(self, ctx: DraftContext, match: int) -> tuple[bool, Decision]:
+        if self.trigger == "match":
+            fired = match >= self.sam_threshold
+            return fired, Decision(source="", match_len=match, fired=fired,
+                                   reason=f"match {match} {'≥' if fired else '<'} {self.sam_threshold}")
+        t = entropy_trigger(ctx.entropies, self.trigger_cfg)
+        rel = "≤" if t.fired else ">"
+        reason = f"H̄{t.k_star}={t.mean_entropy:.2f} {rel} θ_H={self.trigger_cfg.theta_entropy:g}"
+        return t.fired, Decision(source="", match_len=match, fired=t.fired, window=t.window, k_star=t.k_star,
+                                 mean_entropy=t.mean_entropy, reason=reason,
+                                 extra={"trigger_scores": list(t.scores)})
+
+    # -- 2. WHAT -------------------------------------------------------------------------------
+    def _candidates(self, ctx: DraftContext, match: int) -> list[dict]:
+        c = self.cand_cfg
+        hist = ctx.tokens
+        if not self.ema:     # ablation: SAM's earliest occurrence only, no score
+            cont = self.sam.earliest_continuation(ctx.root, c.l_max)
+            if not cont.tokens:
+                return []
+            return [{"end_pos": cont.end, "match_len": cont.match_length, "inherited_from": None,
+                     "score_before": None, "draft": list(cont.tokens), "qualified": True}]
+        tail = list(hist[-QUERY_TAIL:]) + [ctx.root]
+        found = self.index.positions(tail, min_match=c.min_match, max_n=c.max_positions,
+                                     max_examined=c.max_positions)
+        out = []
+        for mp in found:
+            e = mp.end
+            inherited = None
+            if e not in self.scores:
+                pred = self.pred_of.get(e)
+                inherited = pred if pred is not None and pred in self.scores else None
+                self.scores[e] = self.scores[pred] if inherited is not None else c.s0
+            s = self.scores[e]
+            out.append({"end_pos": e, "match_len": mp.match_length, "inherited_from": inherited,
+                        "score_before": s, "qualified": s >= c.theta_score})
+        ranked = sorted((x for x in out if x["qualified"]),
+                        key=lambda x: (x["score_before"], x["match_len"], x["end_pos"]), reverse=True)
+        chosen = ranked[:c.top_k]
+        for x in chosen:
+            n = draft_length(c.l_max, x["score_before"])
+            x["draft"] = list(hist[x["end_pos"] + 1:x["end_pos"] + 1 + n])
+        return [x for x in chosen if x["draft"]] + [x for x in out if x not in chosen]
+
+    def _cut_at_stop(self, draft: list[int]) -> list[int]:
+        for i, t in enumerate(draft):
+            if t in self.stop:
+                return draft[:i + 1]
+        return draft
+
+    def propose(self, ctx: DraftContext) -> Proposal:
+        match = self.sam.peek(ctx.root).length
+        fired, dec = self._when(ctx, match)
+        cands: list[dict] = []
+        tree = None
+        if not fired:
+            why = f"{dec.reason} → EAGLE-2 (trigger off)"
+        elif match < self.cand_cfg.min_match:
+            why = f"{dec.reason}; match {match} < L_min={self.cand_cfg.min_match} → EAGLE-2"
+        else:
+            cands = self._candidates(ctx, match)
+            chosen = [x for x in cands if "draft" in x]
+            if chosen:
+                budget = min(self.cand_cfg.tree_budget, ctx.max_nodes)
+                paths = [self._cut_at_stop(x["draft"]) for x in chosen]
+                scores = [x["score_before"] if x["score_before"] is not None else 1.0 for x in chosen]
+                tree = DraftTree.trie(ctx.root, paths, budget=budget, path_scores=scores)
+                for x, p in zip(chosen, paths):
+                    x["draft"] = p
+                    x["proposed"] = _in_trie(tree, p)
+                chosen = [x for x in chosen if x["proposed"] > 0]
+                if tree.num_draft == 0:
+                    tree = None
+            n_q = sum(1 for x in cands if x.get("qualified"))
+            if tree is not None:
+                best = max((x["score_before"] or 0.0) for x in chosen) if chosen else 0.0
+                why = (f"{dec.reason}; match {match} ≥ L_min; {len(cands)} positions, {n_q} with S ≥ "
+                       f"θ_score={self.cand_cfg.theta_score:g}; best S {best:.2f} → retrieval trie of "
+                       f"{tree.num_draft} tokens")
+            else:
+                why = (f"{dec.reason}; match {match}; {len(cands)} positions, none with S ≥ "
+                       f"θ_score={self.cand_cfg.theta_score:g} → EAGLE-2 fallback")
+        if tree is not None:
+            self._last = [x for x in cands if x.get("proposed", 0) > 0]
+            decision = dataclasses.replace(dec, source="retrieval", reason=why,
+                                           extra={**dec.extra, "candidates_found": len(cands)})
+            return Proposal(tree=tree, source="retrieval", decision=decision, candidates=tuple(cands))
+        self._last = None
+        tree = self.eagle.draft_tree(ctx.tokens, ctx.root, capped_tree_config(self.eagle.tree_cfg, ctx.max_nodes))
+        decision = dataclasses.replace(dec, source="eagle" if tree.num_draft else "none", reason=why,
+                                       extra={**dec.extra, "candidates_found": len(cands)})
+        return Proposal(tree=tree, source="eagle" if tree.num_draft else "none", decision=decision,
+                        candidates=tuple(cands))
+
+    # -- 4. feedback ---------------------------------------------------------------------------
+    def observe(self, outcome: StepOutcome) -> tuple[dict, ...] | None:
+        records = None
+        if outcome.proposal.source == "retrieval" and self._last is not None:
+            accepted = list(outcome.committed[1:])
+            alpha = self.cand_cfg.alpha
+            for x in outcome.proposal.candidates:
+                if x.get("proposed", 0) <= 0:
+                    x["accepted"], x["score_after"] = 0, x["score_before"]
+                    continue
+                a = _common_prefix(x["draft"][:x["proposed"]], accepted)
+                x["accepted"] = a
+                e = x["end_pos"]
+                if self.ema:
+                    self.scores[e] = ema_update(self.scores[e], a / x["proposed"], alpha)
+                    x["score_after"] = self.scores[e]
+                    self.pred_of[e + a + 1] = e
+                else:
+                    x["score_after"] = None
+            records = outcome.proposal.candidates
+        self._last = None
+        self.sam.extend(outcome.committed)
+        self.index.extend(outcome.committed)
+        self.eagle.observe(outcome)
+        return records
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _in_trie(tree: DraftTree, path: Sequence[int]) -> int:
+    """How many leading tokens of `path` are nodes of the trie (after budget truncation)."""
+    node, n = 0, 0
+    children = tree.children()
+    for tok in path:
+        nxt = next((c for c in children[node] if tree.tokens[c] == tok), None)
+        if nxt is None:
+            break
+        node, n = nxt, n + 1
+    return n

@@ -1,0 +1,108 @@
+"""ReSpec's WHEN and WHAT pieces: trigger formula, EMA update and inheritance, draft lengths, the
+retrieval trie, fallback, and budget/special-token guarantees through the engine."""
+import pytest
+
+from respec.config import EngineConfig, TriggerConfig
+from respec.drafters import make_drafter
+from respec.drafters.base import DraftContext
+from respec.drafters.respec import draft_length, ema_update, entropy_trigger
+from tests.conftest import make_target, run
+
+
+@pytest.mark.parametrize("hs,scores,k,mean,fires", [
+    ((2.0, 0.6, 0.9), (1.9, 1.25, 1.5), 2, 0.75, True),
+    ((1.0, 2.5, 3.0), (4.0, 3.25, 2.5), 3, 2.1667, False),
+])
+def test_trigger_worked_examples(hs, scores, k, mean, fires):
+    t = entropy_trigger(hs, TriggerConfig(window=3, theta_entropy=1.5, lambda_e=1.0))
+    assert t.scores == pytest.approx(scores) and t.k_star == k
+    assert t.mean_entropy == pytest.approx(mean, abs=1e-4) and t.fired is fires
+
+
+def test_trigger_with_short_history_uses_what_exists():
+    t = entropy_trigger([0.2], TriggerConfig())
+    assert t.k_star == 1 and t.fired, "One low entropy must be enough at the start of a turn."
+    assert not entropy_trigger([], TriggerConfig()).fired
+
+
+def test_ema_worked_example_and_draft_length():
+    s = ema_update(0.5, 6 / 8, 0.3)
+    assert s == pytest.approx(0.575)
+    assert draft_length(16, s) == 9
+    assert draft_length(4, 0.625) == 3, "Halves round up (pinned)."
+    assert draft_length(16, 0.0) == 1, "Draft length never drops below 1."
+
+
+def _drafter(target, **over):
+    cfg = EngineConfig().with_overrides({"method": "respec", "trigger.theta_entropy": 20.0, **over})
+    return make_drafter("respec", target, cfg), cfg
+
+
+def test_every_earlier_position_is_a_candidate_and_trie_merges_them():
+    target = make_target("llama")
+    d, _ = _drafter(target, **{"candidates.min_match": 2})
+    # "5 6 7" occurs three times, followed by 8, 9 and 8 -> trie root(7) -> 8 / 9 branches
+    hist = [5, 6, 7, 8, 1, 5, 6, 7, 9, 2, 5, 6, 7, 8, 3, 5, 6]
+    d.reset(hist, None)
+    prop = d.propose(DraftContext(tokens=hist, root=7, entropies=[0.1, 0.1, 0.1], max_nodes=100))
+    ends = sorted(c["end_pos"] for c in prop.candidates)
+    assert ends == [2, 7, 12], f"All earlier match positions must be enumerated, got {ends}."
+    assert prop.source == "retrieval"
+    firsts = {prop.tree.tokens[c] for c in prop.tree.children()[0]}
+    assert firsts == {8, 9}, "Continuations sharing a prefix must merge into one trie."
+    assert prop.decision.fired and "retrieval" in prop.decision.reason
+
+
+def test_low_scores_fall_back_to_eagle_with_a_reason():
+    target = make_target("llama")
+    d, _ = _drafter(target, **{"candidates.min_match": 2, "candidates.s0": 0.2})
+    hist = [5, 6, 7, 8, 1, 5, 6]
+    d.reset(hist, target.prefill(hist).hidden)
+    prop = d.propose(DraftContext(tokens=hist, root=7, entropies=[0.1], max_nodes=100))
+    assert prop.source == "eagle" and "fallback" in prop.decision.reason
+    assert prop.candidates and not prop.candidates[0]["qualified"]
+
+
+def test_no_trigger_means_eagle():
+    target = make_target("llama")
+    cfg = EngineConfig().with_overrides({"method": "respec", "trigger.theta_entropy": 0.0})
+    d = make_drafter("respec", target, cfg)
+    hist = [5, 6, 7, 8, 5, 6]
+    d.reset(hist, target.prefill(hist).hidden)
+    prop = d.propose(DraftContext(tokens=hist, root=7, entropies=[3.0, 2.0], max_nodes=100))
+    assert prop.source == "eagle" and prop.decision.fired is False
+
+
+def test_ema_updates_and_inheritance_through_the_engine():
+    """On repeated text the copied span's successor position inherits the score of its predecessor."""
+    target = make_target("llama", seed=3)
+    ref = run(target, "vanilla", [5, 6, 7, 8, 9, 10, 11], max_new_tokens=40)
+    prompt = [5, 6, 7, 8, 9, 10, 11] + list(ref.tokens[:39]) + [5, 6, 7, 8, 9, 10, 11]
+    r = run(target, "respec", prompt, max_new_tokens=40,
+            **{"trigger.theta_entropy": 20.0, "candidates.l_max": 4, "relax.budget": 0})
+    assert r.tokens == run(target, "vanilla", prompt, max_new_tokens=40).tokens
+    retrieval = [s for s in r.steps if s.source == "retrieval"]
+    assert retrieval, "Retrieval must fire on repeated text."
+    for s in retrieval:
+        for c in s.candidates:
+            if c.get("proposed"):
+                want = 0.7 * c["score_before"] + 0.3 * c["accepted"] / c["proposed"]
+                assert c["score_after"] == pytest.approx(want), "EMA update S <- (1-α)S + αR."
+    inherited = [c for s in retrieval for c in s.candidates if c["inherited_from"] is not None]
+    assert inherited, "A position continuing an accepted span must inherit its predecessor's score."
+
+
+def test_relaxed_budget_never_exceeded_and_specials_never_relaxed():
+    target = make_target("qwen2", seed=5)
+    base = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
+    prompt = base + [20, 21] + base[:-3] + [30] + base[:4]
+    for budget in (1, 2, 3):
+        r = run(target, "respec", prompt, max_new_tokens=40,
+                **{"trigger.theta_entropy": 20.0, "relax.budget": budget, "relax.beta": 128, "relax.tau": 50.0,
+                   "relax.lookahead": 1, "candidates.min_match": 2})
+        for s in r.steps:
+            assert s.verdict.num_relaxed <= budget, "Relaxed acceptances per step must respect the budget."
+            for node, st in enumerate(s.verdict.node_status):
+                if st == "relaxed":
+                    assert s.tree.sources[node] == "retrieval", "Only retrieved nodes may be relaxed."
+                    assert s.tree.tokens[node] not in target.eos_token_ids
