@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from respec.config import EngineConfig
+from respec.config import EngineConfig, is_lossless
 from respec.errors import ConfigError, RespecError
 
 MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
@@ -85,9 +85,29 @@ def first_divergence(ref: Sequence[int], out: Sequence[int]) -> int | None:
     return None if len(ref) == len(out) else min(len(ref), len(out))
 
 
-def run_question(runner, q: Question, config: EngineConfig) -> dict[str, Any]:
-    """All turns of one question with one method; returns a record (token lists kept for comparison)."""
+def rouge_l(ref: Sequence[int], out: Sequence[int]) -> float:
+    """ROUGE-L F1 over token ids: longest common subsequence against the reference (vanilla)."""
+    if not ref or not out:
+        return float(len(ref) == len(out))
+    prev = [0] * (len(out) + 1)
+    for a in ref:
+        cur = [0]
+        for j, b in enumerate(out):
+            cur.append(prev[j] + 1 if a == b else max(prev[j + 1], cur[j]))
+        prev = cur
+    lcs = prev[-1]
+    if lcs == 0:
+        return 0.0
+    p, r = lcs / len(out), lcs / len(ref)
+    return 2 * p * r / (p + r)
+
+
+def run_question(runner, q: Question, config: EngineConfig, score_nll: bool = False) -> dict[str, Any]:
+    """All turns of one question with one method; returns a record (token lists kept for comparison).
+    With `score_nll`, the output's negative log-likelihood under the target is measured per turn."""
     messages: list[dict] = []
+    nll_sum, nll_n = 0.0, 0
+    relaxed = retrieval_steps = fired = 0
     tokens: list[int] = []
     margins: list[float] = []
     texts: list[str] = []
@@ -102,12 +122,20 @@ def run_question(runner, q: Question, config: EngineConfig) -> dict[str, Any]:
         margins.extend(result.token_margins())
         new_tokens += len(result.tokens)
         steps += len(result.steps)
+        relaxed += sum(s.verdict.num_relaxed for s in result.steps)
+        retrieval_steps += sum(1 for s in result.steps if s.source == "retrieval")
+        fired += sum(1 for s in result.steps if s.decision is not None and s.decision.fired)
+        if score_nll:
+            total, n = runner.target.nll(result.prompt_tokens, result.tokens)
+            nll_sum, nll_n = nll_sum + total, nll_n + n
         committed += sum(len(s.new_tokens) for s in result.steps)
         wall += result.wall_time_s
     return {"question_id": q.question_id, "category": q.category, "method": config.method,
             "new_tokens": new_tokens, "wall_s": wall, "tokens_per_s": new_tokens / wall if wall > 0 else 0.0,
             "steps": steps, "mean_accepted": committed / steps if steps else 1.0,
-            "committed": committed, "text": "\n\n".join(texts), "_tokens": tokens, "_margins": margins}
+            "committed": committed, "relaxed_tokens": relaxed, "retrieval_steps": retrieval_steps,
+            "trigger_fired": fired, "nll_per_token": nll_sum / nll_n if nll_n else None,
+            "text": "\n\n".join(texts), "_tokens": tokens, "_margins": margins}
 
 
 def run_bench(runner, questions: list[Question], methods: list[str], base: EngineConfig, out_dir: str | Path,
@@ -119,6 +147,7 @@ def run_bench(runner, questions: list[Question], methods: list[str], base: Engin
     out_dir.mkdir(parents=True, exist_ok=True)
     methods = ["vanilla"] + [m for m in methods if m != "vanilla"]
     tol = gap_tolerance(str(runner.target.dtype))
+    lossy = [m for m in methods if not is_lossless(base.with_overrides({"method": m}))]
     # Warm-up (Spec-Bench runs the first question before timing): one short run per method.
     for m in methods:
         runner.generate("Hello!", base.with_overrides({"method": m, "max_new_tokens": 8}))
@@ -131,7 +160,8 @@ def run_bench(runner, questions: list[Question], methods: list[str], base: Engin
             ref = None
             for m in methods:
                 bar.set_postfix_str(f"q{q.question_id} {q.category} {m}")
-                rec = run_question(runner, q, base.with_overrides({"method": m}))
+                rec = run_question(runner, q, base.with_overrides({"method": m}),
+                                   score_nll=bool(lossy) and (m == "vanilla" or m in lossy))
                 if m == "vanilla":
                     ref = rec
                 div = first_divergence(ref["_tokens"], rec["_tokens"])
@@ -140,6 +170,9 @@ def run_bench(runner, questions: list[Question], methods: list[str], base: Engin
                 rec["divergence_gap"] = (None if div is None or div >= len(ref["_margins"])
                                          else ref["_margins"][div])
                 rec["lossless"] = div is None or (rec["divergence_gap"] is not None and rec["divergence_gap"] <= tol)
+                rec["rouge_l_vs_vanilla"] = rouge_l(ref["_tokens"], rec["_tokens"])
+                rec["nll_ratio"] = (rec["nll_per_token"] / ref["nll_per_token"]
+                                    if rec["nll_per_token"] is not None and ref["nll_per_token"] else None)
                 public = {k: v for k, v in rec.items() if not k.startswith("_")}
                 fh.write(json.dumps(public, ensure_ascii=False) + "\n")
                 fh.flush()
@@ -168,7 +201,12 @@ def summarize(df: "pandas.DataFrame") -> "pandas.DataFrame":
             rows.append({"category": cat, "method": method, "questions": len(g), "tokens_per_s": speed,
                          "mean_accepted": float(g.committed.sum() / g.steps.sum()) if g.steps.sum() else 1.0,
                          "exact_match_rate": float(g.matches_vanilla.mean()),
-                         "lossless_rate": float(g.lossless.mean())})
+                         "lossless_rate": float(g.lossless.mean()),
+                         "rouge_l_vs_vanilla": float(g.rouge_l_vs_vanilla.mean()),
+                         "nll_ratio": float(g.nll_ratio.dropna().mean()) if g.nll_ratio.notna().any() else float("nan"),
+                         "retrieval_step_share": float(g.retrieval_steps.sum() / g.steps.sum()) if g.steps.sum() else 0.0,
+                         "trigger_rate": float(g.trigger_fired.sum() / g.steps.sum()) if g.steps.sum() else 0.0,
+                         "relaxed_per_token": float(g.relaxed_tokens.sum() / g.new_tokens.sum()) if g.new_tokens.sum() else 0.0})
     out = pd.DataFrame(rows)
     out.insert(4, "speedup_vs_vanilla", [r["tokens_per_s"] / vanilla_speed[r["category"]]
                                          if vanilla_speed.get(r["category"]) else float("nan") for r in rows])

@@ -42,9 +42,25 @@ class Runner:
             self.head = random_head(target, seed=0)
             self.head_info = "random (untrained; lossless but accepts little)"
 
+    @property
+    def no_relax_ids(self) -> frozenset[int]:
+        """Tokens the relaxed rule never accepts or overrides: special tokens and digit-only tokens."""
+        if not hasattr(self, "_no_relax"):
+            ids = set(self.target.eos_token_ids)
+            tok = self.tokenizer
+            if tok is not None:
+                ids.update(int(i) for i in tok.all_special_ids)
+                pieces = tok.convert_ids_to_tokens(list(range(len(tok))))
+                for i, p in enumerate(pieces):
+                    text = (p or "").lstrip("Ġ▁ ")
+                    if text and text.isdigit():
+                        ids.add(i)
+            self._no_relax = frozenset(ids)
+        return self._no_relax
+
     def engine(self, config: EngineConfig) -> Engine:
         drafter = make_drafter(config.method, self.target, config, head=self.head)
-        return Engine(self.target, drafter, config, tokenizer=self.tokenizer)
+        return Engine(self.target, drafter, config, tokenizer=self.tokenizer, no_relax_ids=self.no_relax_ids)
 
     def encode(self, prompt: str | list[dict], chat: bool = True) -> list[int]:
         from respec.models.loading import encode_prompt

@@ -102,6 +102,19 @@ class HFTarget:
         return TargetOutput(logits=logits, hidden=hidden if need_hidden else None)
 
     @torch.inference_mode()
+    def nll(self, prompt: Sequence[int], output: Sequence[int]) -> tuple[float, int]:
+        """Total negative log-likelihood (nats) of `output` after `prompt` under the target, and the
+        number of scored tokens. Uses its own cache; resets the engine's cache (call between runs)."""
+        self.reset()
+        ids = torch.tensor([list(prompt) + list(output)], dtype=torch.long, device=self.device)
+        hidden = self._base(input_ids=ids, cache=self.cache, use_cache=True).last_hidden_state[0]
+        n = len(output)
+        logits = self.lm_head(hidden[len(prompt) - 1:len(prompt) - 1 + n]).float()      # [n, V]
+        lp = torch.log_softmax(logits, dim=-1).gather(1, ids[0, len(prompt):, None])[:, 0]
+        self.reset()
+        return float(-lp.sum()), n
+
+    @torch.inference_mode()
     def keep(self, path: Sequence[int]) -> None:
         """Commit the rows of `path` (root first, ascending node indices) of the last tree."""
         n, past = self._pending, self.kv_len
