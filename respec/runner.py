@@ -31,11 +31,11 @@ class Runner:
 
         self.target = target
         self.tokenizer = getattr(target, "tokenizer", None)
-        name = getattr(getattr(target, "loaded", None), "name", getattr(target, "name", "model"))
+        spec = getattr(getattr(target, "loaded", None), "spec", "")
         if head:
             self.head = load_eagle_head(head, target)
             self.head_info = f"checkpoint {head}"
-        elif name == "default" and (DEFAULT_HEAD_DIR / "config.json").is_file():
+        elif spec == "default" and (DEFAULT_HEAD_DIR / "config.json").is_file():
             self.head = load_eagle_head(DEFAULT_HEAD_DIR, target)
             self.head_info = f"shipped {DEFAULT_HEAD_DIR.relative_to(ASSETS.parent)}"
         else:

@@ -106,8 +106,10 @@ def load_eagle_head(path: str | Path, target: TargetModel) -> EagleHead:
             state = load_file(str(path / "model.safetensors"))
         else:
             raise ModelLoadError(f"EAGLE head: no weights found; tried {', '.join(tried)}")
-    except (OSError, ValueError, RuntimeError) as exc:
-        raise ModelLoadError(f"EAGLE head at {path} could not be read: {exc}") from exc
+    except ModelLoadError:
+        raise
+    except Exception as exc:  # torch.load / safetensors raise many types on corrupt files
+        raise ModelLoadError(f"EAGLE head at {path} could not be read: {type(exc).__name__}: {exc}") from None
     cfg = LlamaConfig(**{k: v for k, v in raw.items() if k in _HEAD_KEYS})
     if cfg.hidden_size != target.hidden_size:
         raise ModelLoadError(f"EAGLE head at {path} has hidden size {cfg.hidden_size}, "
@@ -269,54 +271,37 @@ class Eagle2Drafter:
         stable = self.kv_len
         dev = self.target.device
         dtype = self.target.dtype
-        fed: list[torch.Tensor] = []       # per fed slot: row of the tree mask over fed slots
-        slot_rows = torch.zeros(0, 0, dtype=torch.bool)
-        frontier_rows: dict[int, torch.Tensor] = {}
-        k_prev = 0
+        # Tree-mask rows over the draft slots fed so far, per node id of expand_tree's numbering:
+        # layer-1 nodes are 0..k-1; at depth i the children of frontier slot a are numbered
+        # first + a*k + b (b = 0..k-1), in the order expand_tree creates them.
+        rows_of: dict[int, torch.Tensor] = {}
+        fed = {"slots": 0, "next_node": 0}
+        k = min(cfg.top_k, cfg.total_tokens - 1, logp.shape[-1])
 
-        def step_fn(feats: torch.Tensor, tokens: torch.Tensor, depth: int, frontier: torch.Tensor):
-            nonlocal slot_rows, k_prev
+        def step_fn(feats: torch.Tensor, tokens: torch.Tensor, depth: int, frontier: torch.Tensor, paths):
             kq = tokens.shape[0]
-            # tree-mask rows of the nodes fed now: their parents' rows (over earlier slots) + identity
+            n_fed = fed["slots"]
             if depth == 0:
-                rows = torch.zeros(kq, 0, dtype=torch.bool)
+                prev = torch.zeros(kq, n_fed, dtype=torch.bool)
+                fed["next_node"] = k
             else:
-                rows = torch.stack([frontier_rows[int(j)] for j in frontier.tolist()])
-            n_fed = slot_rows.shape[1]
-            rows = torch.cat([rows, torch.eye(kq, dtype=torch.bool)], dim=1)         # [kq, n_fed + kq]
+                prev = torch.stack([rows_of[int(j)] for j in frontier.tolist()])            # [kq, n_fed]
+            rows = torch.cat([prev, torch.eye(kq, dtype=torch.bool)], dim=1)              # [kq, n_fed + kq]
             allowed = torch.cat([torch.ones(kq, stable, dtype=torch.bool), rows], dim=1)
             mask = torch.zeros(1, 1, kq, stable + n_fed + kq, dtype=dtype)
-            mask = mask.masked_fill(~allowed, torch.finfo(dtype).min).to(dev)
+            mask = mask.masked_fill(~allowed, torch.finfo(dtype).min).to(dev)             # [1, 1, kq, kv]
             pos = torch.full((kq,), stable + depth, dtype=torch.long, device=dev)
-            out = self.head(self.target.embed(tokens.to(dev)), feats, pos, self.cache, mask)   # [kq, H]
-            slot_rows = torch.cat([torch.cat([slot_rows, torch.zeros(slot_rows.shape[0], kq, dtype=torch.bool)], 1),
-                                   rows], 0)
-            # children created from slot a inherit row a (looked up by node index after expansion)
-            step_fn.last_rows = rows
-            logp_children = torch.log_softmax(self.target.lm_head(out).float(), dim=-1)   # [kq, V]
-            return out, logp_children
-
-        # Node bookkeeping for masks: expand_tree numbers nodes 0..; frontier j at depth i was fed in
-        # slot order, so its children (created right after) need its row. We wrap step_fn to record.
-        counter = {"next_node": 0}
-
-        def tracked(feats, tokens, depth, frontier, paths):
-            out, lp = step_fn(feats, tokens, depth, frontier)
-            rows = step_fn.last_rows
-            kq = tokens.shape[0]
-            k = min(cfg.top_k, cfg.total_tokens - 1, lp.shape[-1])
-            if depth == 0:
-                counter["next_node"] = k
-            first = counter["next_node"]
+            out = self.head(self.target.embed(tokens.to(dev)), feats, pos, self.cache, mask)  # [kq, H]
+            fed["slots"] = n_fed + kq
+            first = fed["next_node"]
             for a in range(kq):
-                r = torch.cat([rows[a], torch.zeros(0, dtype=torch.bool)])
                 for b in range(k):
-                    frontier_rows[first + a * k + b] = r
-            counter["next_node"] = first + kq * k
-            return out, lp
+                    rows_of[first + a * k + b] = rows[a]
+            fed["next_node"] = first + kq * k
+            return out, torch.log_softmax(self.target.lm_head(out).float(), dim=-1)       # [kq, V]
 
         try:
-            tree = expand_tree(tracked, root, f, logp, cfg)
+            tree = expand_tree(step_fn, root, f, logp, cfg)
         finally:
             added = self.kv_len - stable
             if added > 0:

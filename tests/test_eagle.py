@@ -1,0 +1,115 @@
+"""EAGLE-2 mechanics: the dynamic tree's scores equal sequential head runs along each path (tree
+mask, positions and feature routing), catch-up after non-drafting steps, and checkpoint loading in
+the published format (Llama-style and Qwen2-style with q/k/v biases)."""
+import json
+
+import pytest
+import torch
+
+from respec.config import TreeConfig
+from respec.drafters.eagle2 import (Eagle2Drafter, expand_tree, load_eagle_head, random_head, save_eagle_head)
+from respec.errors import ModelLoadError
+from tests.conftest import make_target, run
+
+PROMPT = [5, 17, 33, 9, 71, 4, 88, 12]
+
+
+def _sequential_scores(target, head, prompt, tree):
+    """Score every node by running the head along its path one token at a time."""
+    from transformers import DynamicCache
+    hidden = target.prefill(prompt).hidden
+    root = tree.tokens[0]
+    scores = {}
+    for node in range(1, tree.size):
+        path = [tree.tokens[j] for j in tree.path_to(node)]          # root ... node
+        cache = DynamicCache()
+        toks = list(prompt[1:]) + [root]
+        pos = torch.arange(len(prompt))
+        out = head(target.embed(torch.tensor(toks)), hidden, pos, cache, None)
+        f = out[-1]
+        total = 0.0
+        for i, tok in enumerate(path[1:]):
+            lp = torch.log_softmax(target.lm_head(f[None]).float(), -1)[0]
+            total += lp[tok].item()
+            if i < len(path) - 2:
+                f = head(target.embed(torch.tensor([tok])), f[None], torch.tensor([len(prompt) + i]), cache, None)[0]
+        scores[node] = total
+    return scores
+
+
+@pytest.mark.parametrize("arch,qkv", [("llama", False), ("qwen2", True)])
+def test_tree_scores_equal_sequential_head_runs(arch, qkv):
+    target = make_target(arch, seed=1)
+    head = random_head(target, seed=2, qkv_bias=qkv)
+    drafter = Eagle2Drafter(target, head, TreeConfig(top_k=3, depth=3, total_tokens=12))
+    hidden = target.prefill(PROMPT).hidden
+    drafter.reset(PROMPT, hidden)
+    root = 40
+    tree = drafter.draft_tree(PROMPT, root)
+    assert tree.size == 12 and set(tree.sources[1:]) == {"eagle"}
+    assert drafter.kv_len == len(PROMPT), "Draft-tree KV must be discarded; only the context stays."
+    want = _sequential_scores(target, head, PROMPT, tree)
+    for node, s in want.items():
+        assert tree.scores[node] == pytest.approx(s, abs=1e-9), \
+            f"Node {node}: a tree-masked head step must equal running its path alone."
+
+
+def test_expand_tree_keeps_best_nodes_ancestor_closed():
+    V = 6
+    # fake head: child log-probs depend only on depth, so the search is predictable
+    def step_fn(feats, tokens, depth, frontier, paths):
+        lp = torch.log_softmax(torch.arange(V, dtype=torch.float64).flip(0) * (depth + 1.0), -1)
+        return feats, lp.expand(len(tokens), V)
+    root_logp = torch.log_softmax(torch.tensor([3.0, 2.0, 1.0, 0.0, -1.0, -2.0]), -1)
+    tree = expand_tree(step_fn, 99, torch.zeros(4), root_logp, TreeConfig(top_k=2, depth=2, total_tokens=6))
+    assert tree.size == 6
+    for i in range(1, tree.size):
+        p = tree.parents[i]
+        assert p == 0 or tree.scores[p] >= tree.scores[i], "Scores never increase along a path."
+    assert tree.tokens[1] == 0, "The most likely first token is kept."
+
+
+def test_catch_up_after_steps_without_drafting():
+    """SAM retrieval steps skip the head; the next EAGLE draft must catch up over every pending pair."""
+    target = make_target("llama", seed=3)
+    prompt = [5, 6, 7, 8, 9, 10, 11, 12] * 3
+    r = run(target, "sam", prompt, max_new_tokens=40, **{"sam.len_threshold": 2, "tree.total_tokens": 8,
+                                                          "tree.depth": 2, "tree.top_k": 3})
+    assert r.tokens == run(target, "vanilla", prompt, max_new_tokens=40).tokens
+    assert {"retrieval", "eagle"} <= set(r.stats.steps_by_source), "Both sources must be exercised."
+
+
+@pytest.mark.parametrize("arch,qkv", [("llama", False), ("qwen2", True)])
+@pytest.mark.parametrize("fmt", ["safetensors", "bin"])
+def test_published_checkpoint_format_loads_and_is_lossless(tmp_path, arch, qkv, fmt):
+    target = make_target(arch, seed=1)
+    head = random_head(target, seed=5, qkv_bias=qkv)
+    save_eagle_head(head, tmp_path)
+    state = {k: v for k, v in head.state_dict().items() if not k.startswith("rotary")}
+    keys = set(state)
+    assert "fc.weight" in keys and "layers.0.self_attn.q_proj.weight" in keys
+    assert ("layers.0.self_attn.q_proj.bias" in keys) is qkv and "layers.0.self_attn.o_proj.bias" not in keys
+    assert not any("input_layernorm" in k for k in keys), "EAGLE's layer 0 has no input norm."
+    if fmt == "bin":   # the published .bin layout also carries a copy of the target embedding
+        (tmp_path / "model.safetensors").unlink()
+        state["embed_tokens.weight"] = target.model.get_input_embeddings().weight.detach().clone()
+        torch.save(state, tmp_path / "pytorch_model.bin")
+    loaded = load_eagle_head(tmp_path, target)
+    for k, v in head.state_dict().items():
+        assert torch.equal(v, loaded.state_dict()[k]), f"{k} must round-trip."
+    ref = run(target, "vanilla", PROMPT, max_new_tokens=24)
+    out = run(target, "eagle2", PROMPT, head=loaded, max_new_tokens=24)
+    assert out.tokens == ref.tokens
+
+
+def test_bad_checkpoints_give_clear_errors(tmp_path):
+    target = make_target("llama")
+    with pytest.raises(ModelLoadError, match="config.json"):
+        load_eagle_head(tmp_path, target)
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4}))
+    with pytest.raises(ModelLoadError, match="no weights"):
+        load_eagle_head(tmp_path, target)
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 32}))
+    (tmp_path / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(ModelLoadError):
+        load_eagle_head(tmp_path, target)
