@@ -15,7 +15,8 @@ from pathlib import Path
 from respec.errors import ConfigError, RespecError
 
 
-def _settings(args) -> "EngineConfig":
+def _overrides(args) -> dict:
+    """User settings from --max-new-tokens / --method / --set, validated against the defaults."""
     from respec.config import EngineConfig
     overrides = {}
     for item in args.set or []:
@@ -26,7 +27,9 @@ def _settings(args) -> "EngineConfig":
     base = {"max_new_tokens": args.max_new_tokens}
     if getattr(args, "method", None):
         base["method"] = args.method
-    return EngineConfig().with_overrides({**base, **overrides})
+    merged = {**base, **overrides}
+    EngineConfig().with_overrides(merged)      # fail fast, before any model is loaded
+    return merged
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -44,8 +47,9 @@ def cmd_generate(args) -> int:
     if not args.prompt or not args.prompt.strip():
         raise RespecError("the prompt is empty")
     parse_methods(args.method)
-    config = _settings(args)
+    overrides = _overrides(args)
     runner = Runner(load_target(args.model, device=args.device, dtype=args.dtype), head=args.head)
+    config = runner.config(overrides)
     result = runner.generate(args.prompt, config, chat=not args.no_chat)
     st = result.stats
     print(result.text)
@@ -64,12 +68,13 @@ def cmd_bench(args) -> int:
     from respec.runner import Runner, parse_methods
 
     methods = parse_methods(args.methods)
-    config = _settings(args)
+    overrides = _overrides(args)
     cats = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
     if args.limit_per_category is not None and args.limit_per_category < 1:
         raise ConfigError("--limit-per-category must be >= 1")
     questions = load_questions(args.questions, cats, args.limit_per_category)
     runner = Runner(load_target(args.model, device=args.device, dtype=args.dtype), head=args.head)
+    config = runner.config(overrides)
     print(f"{len(questions)} questions x {len(set(methods) | {'vanilla'})} methods; "
           f"model {args.model} on {runner.target.device} ({runner.target.dtype}); EAGLE head: {runner.head_info}",
           file=sys.stderr)

@@ -78,8 +78,16 @@ class TreeConfig:
     top_k: int = 10              # children per frontier node, and frontier width
     depth: int = 5               # expansion rounds; max draft depth = depth + 1
     total_tokens: int = 60       # root + (total_tokens - 1) draft nodes kept by the global re-rank
+    auto: bool = False           # per step, keep only as many nodes as maximise expected tokens per
+                                 # second (measured verify-cost curve x the head's calibrated
+                                 # confidence), down to no draft; total_tokens is then the maximum
 
     def __post_init__(self) -> None:
+        if not isinstance(self.auto, bool):
+            if isinstance(self.auto, (int, float)) and self.auto in (0, 1):
+                object.__setattr__(self, "auto", bool(self.auto))
+            else:
+                raise ConfigError(f"TreeConfig.auto must be true or false, got {self.auto!r}")
         _check_range(self, "top_k", 1, 64, integer=True)
         _check_range(self, "depth", 0, 32, integer=True)
         _check_range(self, "total_tokens", 1, MAX_TREE_TOKENS_CAP, integer=True)
@@ -154,7 +162,7 @@ _SECTIONS = {"sampling": SamplingConfig, "tree": TreeConfig, "sam": SamConfig,
 #: Short aliases accepted by `with_overrides` (the names the UI and issues use).
 ALIASES: dict[str, str] = {
     "temperature": "sampling.temperature", "seed": "sampling.seed",
-    "total_tokens": "tree.total_tokens", "depth": "tree.depth",
+    "total_tokens": "tree.total_tokens", "depth": "tree.depth", "auto": "tree.auto",
     "theta_H": "trigger.theta_entropy", "theta_entropy": "trigger.theta_entropy",
     "l": "trigger.window", "lambda_e": "trigger.lambda_e",
     "alpha": "candidates.alpha", "S0": "candidates.s0", "s0": "candidates.s0",
@@ -222,6 +230,17 @@ class EngineConfig:
             raise ConfigError(f"bad settings: {exc}") from None
 
 
+def device_defaults(device_type: str) -> dict[str, Any]:
+    """Settings that suit a device better than the paper's GPU values, applied under the user's own
+    (explicit settings always win). A 2-core CPU verifies 8-16 tokens for about the cost of one
+    decode step but 64 for about three, so trees are small there; `tree.auto` then prunes each tree
+    to what pays, down to no draft (see respec/drafters/eagle2.py `choose_size`)."""
+    if device_type == "cuda":
+        return {"tree.auto": True}
+    return {"tree.auto": True, "tree.total_tokens": 16, "tree.depth": 4, "tree.top_k": 4,
+            "sam.n_predicts": 16, "candidates.tree_budget": 16}
+
+
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in data.items():
@@ -238,8 +257,12 @@ def _coerce(key: str, value: Any) -> Any:
     """Parse CLI strings ("12", "0.5", "none") into numbers; leave other types to validation."""
     if isinstance(value, str):
         text = value.strip().lower()
-        if text in ("none", "null", "off"):
+        if text in ("none", "null"):
             return None
+        if text in ("true", "on", "yes"):
+            return True
+        if text in ("false", "off", "no"):
+            return False
         try:
             number = float(text)
         except ValueError:

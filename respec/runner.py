@@ -42,6 +42,13 @@ class Runner:
             self.head = random_head(target, seed=0)
             self.head_info = "random (untrained; lossless but accepts little)"
 
+    def config(self, overrides: dict | None = None) -> EngineConfig:
+        """EngineConfig for this target's device: device defaults (respec.config.device_defaults),
+        then `overrides` (dotted keys or aliases, as from the CLI / app settings JSON)."""
+        from respec.config import device_defaults
+        base = EngineConfig().with_overrides(device_defaults(self.target.device.type))
+        return base.with_overrides(dict(overrides or {}))
+
     @property
     def no_relax_ids(self) -> frozenset[int]:
         """Tokens the relaxed rule never accepts or overrides: special tokens and digit-only tokens."""

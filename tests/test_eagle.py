@@ -113,3 +113,31 @@ def test_bad_checkpoints_give_clear_errors(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(ModelLoadError):
         load_eagle_head(tmp_path, target)
+
+
+def test_choose_size_keeps_nodes_only_while_they_pay():
+    from respec.drafters.eagle2 import choose_size, prune_tree
+    from respec.tree import DraftTree
+    import math
+    curve = {1: 50.0, 2: 50.0, 4: 51.0, 8: 55.0, 16: 70.0, 32: 100.0}
+    # confident chain of 3 (p = .9, .8, .7 cumulative) plus 4 hopeless siblings
+    tree = DraftTree.from_parents([0, 1, 2, 3, 4, 5, 6, 7], [-1, 0, 1, 2, 0, 0, 0, 0], "eagle",
+                                  scores=[0, math.log(.9), math.log(.8), math.log(.7)] + [math.log(1e-4)] * 4)
+    size, gain, worth = choose_size(tree, curve, kappa=1.0)
+    assert size == 4 and gain == pytest.approx(3.4) and worth > 3
+    assert prune_tree(tree, size).tokens == (0, 1, 2, 3)
+    hopeless = DraftTree.from_parents([0, 1, 2], [-1, 0, 0], "eagle", scores=[0, math.log(1e-3), math.log(1e-3)])
+    assert choose_size(hopeless, curve, kappa=1.0)[0] == 1, "A useless draft must be dropped entirely."
+    assert choose_size(tree, curve, kappa=0.01)[0] == 1, "An overconfident head (small κ) must draft less."
+
+
+def test_auto_budget_with_a_random_head_mostly_skips_drafting_and_stays_lossless():
+    target = make_target("llama", seed=0)
+    ref = run(target, "vanilla", PROMPT, max_new_tokens=60)
+    assert len(ref.tokens) == 60
+    out = run(target, "eagle2", PROMPT, max_new_tokens=60, **{"tree.auto": True, "tree.total_tokens": 16,
+                                                               "tree.depth": 3, "tree.top_k": 4})
+    assert out.tokens == ref.tokens
+    assert out.stats.steps_by_source.get("none", 0) > out.stats.steps * 0.6, \
+        "With a head that accepts nothing, auto must stop drafting most of the time."
+    assert any(s.decision is not None and "auto" in s.decision.reason for s in out.steps)

@@ -30,14 +30,16 @@ def test_oracle_tree_drafters_are_lossless(tiny_target, prompt, mode):
 
 @pytest.mark.parametrize("prompt", PROMPTS.values(), ids=PROMPTS.keys())
 @pytest.mark.parametrize("method", ["eagle2", "sam", "respec-strict", "respec", "respec-no-trigger", "respec-no-ema"])
-@pytest.mark.parametrize("tree", [(10, 5, 60), (3, 2, 8), (1, 0, 1)], ids=["paper", "small", "none"])
+@pytest.mark.parametrize("tree", [(10, 5, 60, False), (3, 2, 8, False), (1, 0, 1, False), (4, 3, 16, True)],
+                         ids=["paper", "small", "none", "auto"])
 def test_strict_methods_equal_vanilla(tiny_target, prompt, method, tree):
     """respec* run with relax.budget = 0 here (respec-strict always is): all must be lossless.
     θ_H is raised so the entropy trigger fires on the tiny model and retrieval tries are exercised."""
-    top_k, depth, total = tree
+    top_k, depth, total, auto = tree
     ref = run(tiny_target, "vanilla", prompt, max_new_tokens=48)
     out = run(tiny_target, method, prompt, max_new_tokens=48,
               **{"tree.top_k": top_k, "tree.depth": depth, "tree.total_tokens": total, "sam.len_threshold": 2,
+                 "tree.auto": auto,
                  "relax.budget": 0, "trigger.theta_entropy": 20.0, "candidates.min_match": 2})
     assert out.tokens == ref.tokens, f"{method} must reproduce vanilla's greedy output exactly."
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -30,7 +31,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRot
 from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
 
 from respec.config import TreeConfig
-from respec.drafters.base import DraftContext, Proposal, StepOutcome
+from respec.drafters.base import Decision, DraftContext, Proposal, StepOutcome
 from respec.errors import ModelLoadError
 from respec.models.base import TargetModel
 from respec.tree import DraftTree
@@ -205,6 +206,58 @@ def capped_tree_config(cfg: TreeConfig, max_nodes: int) -> TreeConfig:
     return dataclasses.replace(cfg, total_tokens=max(1, max_nodes))
 
 
+def prune_tree(tree: DraftTree, size: int) -> DraftTree:
+    """Keep the root and the `size - 1` highest-scoring draft nodes (ties: earlier node first).
+    Scores never increase along a path, so the kept set is ancestor-closed; node order is kept."""
+    if size >= tree.size:
+        return tree
+    order = sorted(range(1, tree.size), key=lambda i: (-tree.scores[i], i))[:max(0, size - 1)]
+    keep = [0] + sorted(order)
+    index = {old: new for new, old in enumerate(keep)}
+    return DraftTree.from_parents([tree.tokens[i] for i in keep],
+                                  [-1] + [index[tree.parents[i]] for i in keep[1:]],
+                                  [tree.sources[i] for i in keep],
+                                  scores=[tree.scores[i] for i in keep],
+                                  draft_probs=None if tree.draft_probs is None else [tree.draft_probs[i] for i in keep])
+
+
+def interpolate_cost(curve: dict[int, float], n: int) -> float:
+    """Verify cost of n tree tokens from a measured curve {size: ms}, linear in between/beyond."""
+    xs = sorted(curve)
+    if n in curve:
+        return curve[n]
+    if n <= xs[0]:
+        return curve[xs[0]]
+    for a, b in zip(xs, xs[1:]):
+        if a < n < b:
+            return curve[a] + (curve[b] - curve[a]) * (n - a) / (b - a)
+    a, b = xs[-2:] if len(xs) > 1 else (xs[0], xs[0])
+    slope = (curve[b] - curve[a]) / (b - a) if b != a else 0.0
+    return curve[b] + slope * (n - b)
+
+
+MIN_GAIN = 0.02   # a bigger tree must beat the best smaller one by 2% (timing noise, overheads)
+
+
+def choose_size(tree: DraftTree, curve: dict[int, float], kappa: float, draft_ms: float = 0.0
+                ) -> tuple[int, float, float]:
+    """The tree size maximising expected committed tokens per millisecond.
+    Expected accepted tokens of a kept set = κ · Σ exp(cumulative log q) over its nodes (each node's
+    chance of being accepted, if the head is calibrated; κ corrects its calibration online).
+    Returns (size, expected tokens per step at that size, its rate relative to not drafting, with
+    this step's drafting time counted)."""
+    probs = sorted((math.exp(s) for s in tree.scores[1:]), reverse=True) if tree.scores else []
+    base = 1.0 / interpolate_cost(curve, 1)
+    best_n, best_rate, gain, best_gain = 1, base, 1.0, 1.0
+    for j, p in enumerate(probs):
+        gain += kappa * p
+        rate = gain / interpolate_cost(curve, j + 2)
+        if rate > best_rate * (1.0 + MIN_GAIN):
+            best_n, best_rate, best_gain = j + 2, rate, gain
+    worth = best_gain / (interpolate_cost(curve, best_n) + draft_ms) / base
+    return best_n, best_gain, worth
+
+
 def _token_path(nodes: list[_Node], j: int) -> tuple[int, ...]:
     out = []
     while j != -1:
@@ -228,6 +281,20 @@ class Eagle2Drafter:
         self.tree_cfg = tree
         self.cache = DynamicCache()
         self._pending: list[torch.Tensor] = []   # each [m_i, H]: features of committed positions
+        self._reset_auto()
+
+    def _reset_auto(self) -> None:
+        # auto budget: calibration sums (decayed), miss streak and back-off for useless drafting
+        self._pred_sum = self._real_sum = 0.0
+        self._misses = 0
+        self._skip = 0
+        self._last_pred: float | None = None
+        self.last_auto: dict | None = None
+
+    @property
+    def kappa(self) -> float:
+        """Calibration: realised accepted tokens / predicted (Σ exp score), decayed, prior 1."""
+        return (self._real_sum + 1.0) / (self._pred_sum + 1.0)
 
     @property
     def kv_len(self) -> int:
@@ -236,10 +303,15 @@ class Eagle2Drafter:
     def reset(self, prompt: Sequence[int], prompt_hidden: torch.Tensor | None) -> None:
         self.cache = DynamicCache()
         self._pending = [] if prompt_hidden is None else [prompt_hidden]
+        self._reset_auto()
 
     def observe(self, outcome: StepOutcome) -> None:
         if outcome.committed_hidden is not None:
             self._pending.append(outcome.committed_hidden)
+        if self._last_pred is not None and outcome.proposal.source == "eagle":
+            self._pred_sum = 0.9 * self._pred_sum + self._last_pred
+            self._real_sum = 0.9 * self._real_sum + outcome.verdict.num_accepted
+        self._last_pred = None
 
     @torch.inference_mode()
     def catch_up(self, committed: Sequence[int], root: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -263,11 +335,19 @@ class Eagle2Drafter:
     @torch.inference_mode()
     def draft_tree(self, committed: Sequence[int], root: int, cfg: TreeConfig | None = None) -> DraftTree:
         cfg = cfg or self.tree_cfg
+        self.last_auto = None
+        if cfg.total_tokens <= 1:
+            # No draft wanted: leave the pending pairs queued; a later draft catches up in one batch.
+            return DraftTree.root_only(root)
+        if cfg.auto and self._skip > 0:
+            self._skip -= 1
+            self.last_auto = {"kept": 1, "reason": f"auto: drafting did not pay recently; "
+                                                     f"next probe in {self._skip + 1} steps"}
+            return DraftTree.root_only(root)
+        t0 = time.perf_counter()
         if not self._pending and self.kv_len == 0:
             raise RuntimeError("EAGLE drafter used before reset")
         f, logp = self.catch_up(committed, root)
-        if cfg.total_tokens <= 1:
-            return DraftTree.root_only(root)
         stable = self.kv_len
         dev = self.target.device
         dtype = self.target.dtype
@@ -306,8 +386,31 @@ class Eagle2Drafter:
             added = self.kv_len - stable
             if added > 0:
                 self.cache.crop(-added)      # the draft tree's KV is scratch: keep the context only
+        if cfg.auto:
+            tree = self._auto_prune(tree, (time.perf_counter() - t0) * 1000)
         return tree
+
+    def _auto_prune(self, tree: DraftTree, draft_ms: float) -> DraftTree:
+        curve = self.target.verify_cost_curve()
+        size, gain, worth = choose_size(tree, curve, self.kappa, draft_ms)
+        pruned = prune_tree(tree, size)
+        if worth < 1.0:
+            self._misses += 1
+            if self._misses >= 2:
+                self._skip = min(64, 2 ** self._misses)
+        else:
+            self._misses = 0
+        self._last_pred = sum(math.exp(s) for s in pruned.scores[1:]) if pruned.scores else 0.0
+        self.last_auto = {"kept": pruned.size, "of": tree.size, "expected_tokens": round(gain, 3),
+                          "kappa": round(self.kappa, 3), "rate_vs_no_draft": round(worth, 3),
+                          "reason": f"auto: kept {pruned.size - 1} of {tree.size - 1} nodes, expected "
+                                    f"{gain:.2f} tokens/step at {worth:.2f}x the no-draft rate (κ={self.kappa:.2f})"}
+        return pruned
 
     def propose(self, ctx: DraftContext) -> Proposal:
         tree = self.draft_tree(ctx.tokens, ctx.root, capped_tree_config(self.tree_cfg, ctx.max_nodes))
-        return Proposal(tree=tree, source="eagle" if tree.num_draft else "none")
+        source = "eagle" if tree.num_draft else "none"
+        decision = None
+        if self.last_auto is not None:
+            decision = Decision(source=source, reason=self.last_auto["reason"], extra=dict(self.last_auto))
+        return Proposal(tree=tree, source=source, decision=decision)

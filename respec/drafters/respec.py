@@ -189,8 +189,11 @@ class ReSpecDrafter:
             return Proposal(tree=tree, source="retrieval", decision=decision, candidates=tuple(cands))
         self._last = None
         tree = self.eagle.draft_tree(ctx.tokens, ctx.root, capped_tree_config(self.eagle.tree_cfg, ctx.max_nodes))
-        decision = dataclasses.replace(dec, source="eagle" if tree.num_draft else "none", reason=why,
-                                       extra={**dec.extra, "candidates_found": len(cands)})
+        auto = self.eagle.last_auto
+        decision = dataclasses.replace(dec, source="eagle" if tree.num_draft else "none",
+                                       reason=why + (f" ({auto['reason']})" if auto else ""),
+                                       extra={**dec.extra, "candidates_found": len(cands),
+                                              **({"eagle_auto": auto} if auto else {})})
         return Proposal(tree=tree, source="eagle" if tree.num_draft else "none", decision=decision,
                         candidates=tuple(cands))
 

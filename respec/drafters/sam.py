@@ -55,8 +55,11 @@ class SamDrafter:
             return Proposal(tree=tree, source="retrieval", decision=decision)
         # 3. Otherwise the EAGLE-2 tree.
         tree = self.eagle.draft_tree(ctx.tokens, ctx.root, capped_tree_config(self.eagle.tree_cfg, ctx.max_nodes))
+        auto = self.eagle.last_auto
         decision = Decision(source="eagle", match_len=match,
-                            reason=f"match {match} < {self.cfg.len_threshold} → EAGLE-2 tree")
+                            reason=f"match {match} < {self.cfg.len_threshold} → EAGLE-2 tree"
+                                   + (f" ({auto['reason']})" if auto else ""),
+                            extra={"eagle_auto": auto} if auto else {})
         return Proposal(tree=tree, source="eagle" if tree.num_draft else "none", decision=decision)
 
     def observe(self, outcome: StepOutcome) -> None:

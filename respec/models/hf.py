@@ -11,6 +11,7 @@ No modeling file is forked or patched.
 """
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 import torch
@@ -100,6 +101,42 @@ class HFTarget:
         hidden = out.last_hidden_state[0]                                            # [n, H]
         logits = self.lm_head(hidden).float()                                        # [n, V]
         return TargetOutput(logits=logits, hidden=hidden if need_hidden else None)
+
+    @torch.inference_mode()
+    def verify_cost_curve(self, sizes: Sequence[int] = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64),
+                          context: int = 256, reps: int = 2) -> dict[int, float]:
+        """Milliseconds of one tree forward of n tokens after `context` cached tokens, per n.
+        Measured once per target (cached); the engine's own cache is left untouched."""
+        if getattr(self, "_cost_curve", None) is not None:
+            return self._cost_curve
+        saved, saved_pending = self.cache, self._pending
+        curve: dict[int, float] = {}
+        try:
+            vocab = min(self.vocab_size, 1000)
+            context = max(1, min(context, self.context_length // 2))
+            self.cache, self._pending = DynamicCache(config=self.model.config), 0
+            ids = torch.arange(context, device=self.device)[None] % vocab
+            self._base(input_ids=ids, cache=self.cache, use_cache=True)
+            for n in sizes:
+                if n + context > self.context_length:
+                    break
+                tree = DraftTree.chain(1, [2 + (i % 50) for i in range(n - 1)], "eagle")
+                best = float("inf")
+                for _ in range(reps + 1):
+                    if self.device.type == "cuda":
+                        torch.cuda.synchronize(self.device)
+                    t0 = time.perf_counter()
+                    self.forward_tree(tree, need_hidden=False)
+                    if self.device.type == "cuda":
+                        torch.cuda.synchronize(self.device)
+                    best = min(best, (time.perf_counter() - t0) * 1000)
+                    self.keep([0])
+                    self.cache.crop(-1)
+                curve[n] = best
+        finally:
+            self.cache, self._pending = saved, saved_pending
+        self._cost_curve = curve
+        return curve
 
     @torch.inference_mode()
     def nll(self, prompt: Sequence[int], output: Sequence[int]) -> tuple[float, int]:
