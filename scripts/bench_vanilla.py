@@ -3,8 +3,9 @@ model, same prompts, same number of new tokens). Prints tokens/s of both and the
 
     .venv/bin/python scripts/bench_vanilla.py [--model default] [--max-new-tokens 96] [--prompts 6]
 
-Both decoders run alternately per prompt after one warm-up each, so machine noise hits them alike.
-The outputs are also compared token for token (they must be identical: same forward, same argmax).
+Both decoders run alternately per prompt (--reps times each, after one warm-up each) and each
+prompt's speed is the median of its repetitions, so a burst of load from another process does not
+decide the ratio. The outputs are also compared token for token (same forward, same argmax).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--prompts", type=int, default=6)
     ap.add_argument("--questions", default=str(QUESTIONS))
+    ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
 
     target = load_target(args.model)
@@ -58,18 +60,24 @@ def main() -> None:
 
     ids0 = runner.encode("Hello!")
     hf(ids0); ours(ids0)
-    tot = {"hf": [0, 0.0], "ours": [0, 0.0]}
+    import statistics
+    speeds = {"hf": [], "ours": []}
     same = 0
     for p in prompts:
         ids = runner.encode(p)
-        a, ta = hf(ids)
-        b, tb = ours(ids)
+        runs = {"hf": [], "ours": []}
+        for _ in range(args.reps):
+            a, ta = hf(ids)
+            b, tb = ours(ids)
+            runs["hf"].append(len(a) / ta)
+            runs["ours"].append(len(b) / tb)
         same += a == b
-        tot["hf"][0] += len(a); tot["hf"][1] += ta
-        tot["ours"][0] += len(b); tot["ours"][1] += tb
-        print(f"prompt {len(ids):5d} tokens: generate {len(a)/ta:6.2f} tok/s | engine vanilla {len(b)/tb:6.2f} tok/s")
-    hf_tps = tot["hf"][0] / tot["hf"][1]
-    our_tps = tot["ours"][0] / tot["ours"][1]
+        for k in runs:
+            speeds[k].append(statistics.median(runs[k]))
+        print(f"prompt {len(ids):5d} tokens: generate {speeds['hf'][-1]:6.2f} tok/s | "
+              f"engine vanilla {speeds['ours'][-1]:6.2f} tok/s  (medians of {args.reps})")
+    hf_tps = statistics.mean(speeds["hf"])
+    our_tps = statistics.mean(speeds["ours"])
     print(f"overall: model.generate {hf_tps:.2f} tok/s, engine vanilla {our_tps:.2f} tok/s, "
           f"ratio {our_tps / hf_tps:.3f}; identical outputs {same}/{len(prompts)} "
           f"({target.device}, {str(target.dtype).replace('torch.', '')})")
