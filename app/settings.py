@@ -1,0 +1,264 @@
+"""Settings: the controls of the settings panel, the presets, deployment caps, and the one function
+that turns UI values or an API settings JSON into the `EngineConfig` of each compared method.
+
+Contract: `SPECS` lists every tunable field of `EngineConfig` the page shows (dotted key, label,
+range, help); the page builds its controls from it in a loop. `build_config(values, method)`
+accepts dotted keys, the short aliases of `respec.config.ALIASES` and nested JSON objects, applies
+the engine's device defaults (`respec.config.device_defaults`: small trees and `tree.auto` on a CPU)
+under the given values, the app's default of 64 new tokens and the deployment caps, and raises `ConfigError` with one clear message for anything out of range.
+No I/O, no Gradio.
+
+Letters follow ALGORITHMS.md: θ_H (trigger.theta_entropy), l, λ_e, α, S0, θ_score, K, L_max, L_min,
+β, τ, w.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from respec.config import ALIASES, IMPLEMENTED_METHODS, EngineConfig, device_defaults
+from respec.errors import ConfigError
+
+
+# ------------------------------------------------------------------------------- deployment caps
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return max(1, int(raw))
+    except ValueError:
+        return default
+
+
+@dataclass(frozen=True)
+class Caps:
+    """Limits of this deployment, from the environment (read when the page is built)."""
+    max_new_tokens: int          # RESPEC_MAX_NEW_TOKENS: hard cap on generated tokens per run
+    default_new_tokens: int      # RESPEC_DEFAULT_NEW_TOKENS: what "{}" and the page start with
+    max_tree_tokens: int         # RESPEC_MAX_TREE_TOKENS: cap on any draft tree / chain size
+    time_limit_s: int            # RESPEC_TIME_LIMIT: per-event time limit (seconds)
+    queue_size: int              # RESPEC_QUEUE_SIZE: waiting requests before "queue full"
+
+    @classmethod
+    def from_env(cls) -> Caps:
+        cap = _env_int("RESPEC_MAX_NEW_TOKENS", 512)
+        return cls(max_new_tokens=cap, default_new_tokens=min(cap, _env_int("RESPEC_DEFAULT_NEW_TOKENS", 64)),
+                   max_tree_tokens=_env_int("RESPEC_MAX_TREE_TOKENS", 128),
+                   time_limit_s=_env_int("RESPEC_TIME_LIMIT", 600), queue_size=_env_int("RESPEC_QUEUE_SIZE", 16))
+
+
+# ------------------------------------------------------------------------------- controls
+@dataclass(frozen=True)
+class Spec:
+    key: str          # dotted EngineConfig key
+    label: str
+    section: str
+    minimum: float
+    maximum: float
+    step: float
+    help: str
+
+    @property
+    def integer(self) -> bool:
+        return float(self.step).is_integer()
+
+
+SECTIONS = ("Run", "EAGLE-2 tree", "ReSpec · when (entropy trigger)", "ReSpec · what (candidates)",
+            "ReSpec · how (relaxed verification)", "SAM-Decoding")
+
+SPECS: tuple[Spec, ...] = (
+    Spec("max_new_tokens", "max new tokens", "Run", 1, 512, 1,
+         "Tokens to generate per method (capped by the deployment)."),
+    Spec("sampling.temperature", "temperature", "Run", 0.0, 2.0, 0.05,
+         "0 = greedy with strict verification (output equals vanilla); > 0 = lossless speculative sampling."),
+    Spec("sampling.seed", "seed", "Run", 0, 2**31 - 1, 1,
+         "Seeds the one random generator of a run; stored in the trace."),
+    Spec("tree.total_tokens", "total tokens", "EAGLE-2 tree", 1, 128, 1,
+         "Root + draft nodes kept after EAGLE-2's global re-rank (paper: 60; a 2-core CPU wants 8-16); "
+         "the maximum when auto is on."),
+    Spec("tree.depth", "depth", "EAGLE-2 tree", 0, 12, 1,
+         "Expansion rounds; the deepest draft token sits at depth + 1."),
+    Spec("tree.top_k", "top-k", "EAGLE-2 tree", 1, 16, 1,
+         "Children per expanded node and frontier width."),
+    Spec("trigger.theta_entropy", "θ_H (nats)", "ReSpec · when (entropy trigger)", 0.0, 8.0, 0.05,
+         "Retrieve iff the mean entropy H̄ of the chosen recent window is ≤ θ_H."),
+    Spec("trigger.window", "l (window)", "ReSpec · when (entropy trigger)", 1, 8, 1,
+         "Look back over at most l committed tokens' entropies."),
+    Spec("trigger.lambda_e", "λ_e", "ReSpec · when (entropy trigger)", 0.0, 5.0, 0.05,
+         "Penalty for short windows: k* = argmin_k H̄_k + λ_e / k."),
+    Spec("candidates.alpha", "α (EMA rate)", "ReSpec · what (candidates)", 0.0, 1.0, 0.05,
+         "S ← (1 − α)·S + α·R, R = accepted / proposed from that position."),
+    Spec("candidates.s0", "S0 (initial score)", "ReSpec · what (candidates)", 0.0, 1.0, 0.05,
+         "Score of a position never drafted from before."),
+    Spec("candidates.theta_score", "θ_score", "ReSpec · what (candidates)", 0.0, 1.0, 0.05,
+         "Only positions with S ≥ θ_score may draft; none qualifies → EAGLE-2 tree."),
+    Spec("candidates.top_k", "K (positions)", "ReSpec · what (candidates)", 1, 16, 1,
+         "Best-scored positions merged into one retrieval trie."),
+    Spec("candidates.l_max", "L_max", "ReSpec · what (candidates)", 1, 64, 1,
+         "Draft length per position = max(1, round(L_max · S))."),
+    Spec("candidates.min_match", "L_min", "ReSpec · what (candidates)", 1, 16, 1,
+         "Minimum suffix match length for retrieval to be considered."),
+    Spec("candidates.tree_budget", "trie budget", "ReSpec · what (candidates)", 1, 128, 1,
+         "Nodes of the retrieval trie, root included."),
+    Spec("candidates.max_positions", "positions examined", "ReSpec · what (candidates)", 1, 256, 1,
+         "Earlier match positions examined per step."),
+    Spec("relax.beta", "β (top-β)", "ReSpec · how (relaxed verification)", 1, 50, 1,
+         "A relaxed token must be in the target's top-β."),
+    Spec("relax.tau", "τ (nats)", "ReSpec · how (relaxed verification)", 0.0, 10.0, 0.1,
+         "…and within τ nats of the target's top-1 log-prob."),
+    Spec("relax.lookahead", "w (look-ahead)", "ReSpec · how (relaxed verification)", 0, 8, 1,
+         "…and the next w draft tokens must then match the target exactly."),
+    Spec("relax.budget", "budget", "ReSpec · how (relaxed verification)", 0, 8, 1,
+         "Relaxed acceptances allowed per step; 0 = lossless (strict everywhere)."),
+    Spec("sam.len_threshold", "match threshold", "SAM-Decoding", 1, 16, 1,
+         "SAM retrieves when the suffix match is at least this long."),
+    Spec("sam.n_predicts", "chain length", "SAM-Decoding", 1, 64, 1,
+         "Tokens copied per retrieval chain."),
+)
+
+SPEC_BY_KEY = {s.key: s for s in SPECS}
+
+#: App-level keys accepted in settings next to the EngineConfig keys.
+APP_KEYS = ("include_vanilla",)
+
+#: Presets: threshold overrides over the paper's values (EngineConfig's defaults); tree sizes stay
+#: at the device's defaults (respec.config.device_defaults) under every preset.
+PRESETS: dict[str, dict[str, Any]] = {
+    "paper defaults": {},
+    "lossless": {"relax.budget": 0, "sampling.temperature": 0.0},
+    "aggressive": {"trigger.theta_entropy": 3.0, "candidates.theta_score": 0.3, "candidates.s0": 0.6,
+                   "candidates.l_max": 32, "candidates.top_k": 8, "candidates.min_match": 2,
+                   "relax.budget": 4, "relax.beta": 10, "relax.tau": 3.0, "relax.lookahead": 1,
+                   "sam.len_threshold": 3},
+}
+PRESET_HELP = {
+    "paper defaults": "The paper's thresholds (θ_H 1.5, S0 0.5, θ_score 0.5, α 0.3, β 5, τ 2, w 3, budget 2).",
+    "lossless": "Relaxed budget 0 and greedy: ReSpec's output equals vanilla's token for token.",
+    "aggressive": "Retrieve more often, draft longer, relax more: faster on repetitive text, may drift.",
+}
+
+
+def respec_method() -> str:
+    """The method of the ReSpec column: "respec" once the engine implements it, else SAM-Decoding
+    (the closest retrieval + EAGLE-2 method), which the page labels as a stand-in."""
+    return "respec" if "respec" in IMPLEMENTED_METHODS else "sam"
+
+
+def method_label(method: str) -> str:
+    return {"respec": "ReSpec", "respec-strict": "ReSpec (strict)", "respec-no-trigger": "ReSpec (no trigger)",
+            "respec-no-ema": "ReSpec (no EMA)", "sam": "SAM-Decoding", "eagle2": "EAGLE-2",
+            "vanilla": "vanilla"}.get(method, method)
+
+
+# ------------------------------------------------------------------------------- values <-> config
+def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"tree": {"depth": 4}, "theta_H": 1} -> {"tree.depth": 4, "trigger.theta_entropy": 1}."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if not isinstance(key, str):
+            raise ConfigError(f"setting names must be strings, got {key!r}")
+        if isinstance(value, Mapping):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            full = f"{prefix}{key}"
+            out[ALIASES.get(full, full)] = value
+    return out
+
+
+def parse_settings_json(text: str | None) -> dict[str, Any]:
+    """Settings JSON (API) -> flat dict. Empty / "{}" means defaults. Raises ConfigError."""
+    if text is None or not str(text).strip():
+        return {}
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"settings_json is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"settings_json must be a JSON object like {{\"theta_H\": 1.5}}, got {type(data).__name__}")
+    return flatten(data)
+
+
+def _as_bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0", "yes", "no"):
+        return value.strip().lower() in ("true", "1", "yes")
+    if isinstance(value, (int, float)) and value in (0, 1):
+        return bool(value)
+    raise ConfigError(f"setting {key!r} must be true or false, got {value!r}")
+
+
+def split_app_options(values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Separate app-level keys (include_vanilla) from EngineConfig keys."""
+    flat = flatten(values)
+    flat.pop("method", None)            # the page chooses each column's method
+    app = {k: _as_bool(k, flat.pop(k)) for k in APP_KEYS if k in flat}
+    return flat, app
+
+
+def device_type(device: str) -> str:
+    return "cuda" if str(device).startswith("cuda") else "cpu"
+
+
+def base_values(device: str = "cpu") -> dict[str, Any]:
+    """The app's starting point: the engine's device defaults (small trees and `tree.auto` on a
+    CPU) under the paper's thresholds."""
+    return dict(device_defaults(device_type(device)))
+
+
+def build_config(values: Mapping[str, Any], method: str, device: str = "cpu", caps: Caps | None = None) -> EngineConfig:
+    """UI values / API settings -> the EngineConfig of one method. Raises ConfigError.
+    Order: device defaults, then the given values (explicit settings always win), then the
+    app's default max_new_tokens if none was given; then the deployment caps."""
+    caps = caps or Caps.from_env()
+    flat, _app = split_app_options(values)
+    flat = {**base_values(device), **flat}
+    flat.setdefault("max_new_tokens", caps.default_new_tokens)
+    # 1. Validate everything (ranges, unknown keys, types) through the engine's own config.
+    config = EngineConfig().with_overrides({**flat, "method": method})
+    # 2. Deployment caps, stricter than the engine's.
+    if config.max_new_tokens > caps.max_new_tokens:
+        raise ConfigError(f"max_new_tokens {config.max_new_tokens} is above this deployment's cap of "
+                          f"{caps.max_new_tokens} (RESPEC_MAX_NEW_TOKENS)")
+    for key, value in (("tree.total_tokens", config.tree.total_tokens),
+                       ("candidates.tree_budget", config.candidates.tree_budget),
+                       ("sam.n_predicts", config.sam.n_predicts)):
+        if value > caps.max_tree_tokens:
+            raise ConfigError(f"{key} {value} is above this deployment's cap of {caps.max_tree_tokens} "
+                              f"tree tokens (RESPEC_MAX_TREE_TOKENS)")
+    return config
+
+
+def preset_values(name: str, device: str = "cpu", caps: Caps | None = None) -> dict[str, Any]:
+    """Every control's value (and tree.auto) under a preset, on this device."""
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+    caps = caps or Caps.from_env()
+    config = build_config(PRESETS[name], "eagle2", device, caps)
+    flat = flatten(config.to_dict())
+    return {k: flat[k] for k in [s.key for s in SPECS] + ["tree.auto"]}
+
+
+def non_default(values: Mapping[str, Any], device: str = "cpu", caps: Caps | None = None) -> dict[str, Any]:
+    """The settings that differ from the app's defaults on this device: what a user pastes into
+    `settings_json` to reproduce the page's settings."""
+    base = preset_values("paper defaults", device, caps)
+    flat, _app = split_app_options(values)
+    out = {k: v for k, v in flat.items() if k in base and not _num_eq(base[k], v)}
+    for k, v in out.items():
+        spec = SPEC_BY_KEY.get(k)
+        if spec is not None and spec.integer and isinstance(v, float) and v.is_integer():
+            out[k] = int(v)
+    return out
+
+
+def _num_eq(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return bool(a) == bool(b)
+    try:
+        return abs(float(a) - float(b)) < 1e-9
+    except (TypeError, ValueError):
+        return a == b

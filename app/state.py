@@ -1,0 +1,77 @@
+"""Per-session state, kept in `gr.State` (never in module globals): the runs on screen, where they
+came from, and the tokenizer-free text needed to replay them.
+
+Contract: a `SessionState` holds up to three finished runs keyed by column ("respec", "eagle",
+"vanilla"), each a `GenerationResult` plus a `Decoder` that can turn its token ids into text. Live
+runs and uploaded trace files end up here the same way, so every view renders from this object
+alone and replay needs no model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from app.settings import method_label
+
+if TYPE_CHECKING:
+    from app.render import Decoder
+    from respec.trace import GenerationResult
+
+#: Columns of the compare view, in display order.
+RUN_KEYS: tuple[str, ...] = ("respec", "eagle", "vanilla")
+
+
+def run_key_for(method: str) -> str:
+    """Which column a method's run belongs in."""
+    if method == "eagle2":
+        return "eagle"
+    if method == "vanilla":
+        return "vanilla"
+    return "respec"          # respec and its variants, and SAM-Decoding (the stand-in)
+
+
+@dataclass
+class Run:
+    result: GenerationResult
+    decoder: Decoder
+    origin: str = "live"             # "live", or the trace file name it was read from
+
+    @property
+    def method(self) -> str:
+        return self.result.config.method
+
+    @property
+    def label(self) -> str:
+        return method_label(self.method)
+
+
+@dataclass
+class SessionState:
+    runs: dict[str, Run] = field(default_factory=dict)
+    selected: str = "respec"         # the run the step explorer shows
+    step: int = 0                    # the step the explorer shows
+    trace_dir: str | None = None     # this session's folder for downloadable trace files
+    last_render_ms: list[float] = field(default_factory=list)   # server time of each streamed update
+    running: bool = False            # a run of this tab is queued or going (set by Run, cleared at its end / Stop)
+
+    def put(self, key: str, run: Run) -> None:
+        self.runs[key] = run
+        if self.selected not in self.runs:
+            self.selected = key
+
+    def clear(self) -> None:
+        self.runs.clear()
+        self.step = 0
+
+    def current(self) -> Run | None:
+        if self.selected in self.runs:
+            return self.runs[self.selected]
+        for key in RUN_KEYS:
+            if key in self.runs:
+                self.selected = key
+                return self.runs[key]
+        return None
+
+    def choices(self) -> list[tuple[str, str]]:
+        """(label, key) pairs for the explorer's run picker."""
+        return [(self.runs[k].label, k) for k in RUN_KEYS if k in self.runs]

@@ -1,0 +1,140 @@
+"""The explorer in a real browser (Debian chromium + playwright-python, UX.md §6.4): type a prompt, run
+the comparison on the default model, wait for both outputs, scrub the step slider and see the tree
+change, upload a shipped trace and see it replayed. Screenshots go to test-output/screenshots/.
+Skipped where /usr/bin/chromium, playwright or the default model is missing."""
+import os
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+CHROMIUM = "/usr/bin/chromium"
+ROOT = Path(__file__).resolve().parent.parent
+SHOTS = ROOT / "test-output" / "screenshots"
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian chromium is not installed")]
+sync_api = pytest.importorskip("playwright.sync_api")
+expect = sync_api.expect
+
+
+@pytest.fixture(scope="module")
+def url():
+    from app.handlers import ModelHub
+    from app.settings import Caps
+    from app.ui import build_demo, launch_kwargs
+    from respec.models.loading import default_cache_dir
+
+    if not (default_cache_dir() / "config.json").is_file():
+        pytest.skip("the default model is not in the local cache (run scripts/setup.sh)")
+    caps = Caps(max_new_tokens=64, default_new_tokens=24, max_tree_tokens=64, time_limit_s=400, queue_size=4)
+    demo = build_demo(hub=ModelHub(), caps=caps)
+    _, local, _ = demo.launch(server_name="127.0.0.1", server_port=None, prevent_thread_lock=True, quiet=True,
+                              **launch_kwargs())
+    try:
+        yield local
+    finally:
+        demo.close()
+
+
+@pytest.fixture(scope="module")
+def page(url):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        pg = browser.new_page(viewport={"width": 1400, "height": 1000})
+        errors: list[str] = []
+        pg.on("pageerror", lambda exc: errors.append(str(exc)))
+        pg.goto(url)
+        pg.errors = errors
+        yield pg
+        browser.close()
+
+
+def tree_title(page) -> str:
+    return page.locator("#tree-plot .gtitle").first.text_content(timeout=30_000) or ""
+
+
+def test_page_opens_with_a_recorded_trace(page):
+    expect(page.locator("#status")).to_contain_text("Replaying the recorded trace", timeout=60_000)
+    expect(page.locator("#respec-output")).to_contain_text("Monday", timeout=30_000)
+    expect(page.locator("#metrics")).to_contain_text("mean accepted length")
+
+
+def test_run_compare_on_the_default_model(page):
+    page.locator("#prompt textarea").fill("List the planets of the solar system, then list them again.")
+    page.locator("#run").click()
+    expect(page.locator("#status")).to_contain_text("done", timeout=300_000)
+    for elem in ("#respec-output", "#eagle-output"):
+        text = page.locator(elem).inner_text()
+        assert "Monday" not in text and len(text.strip()) > 20, f"{elem} shows the new run: {text!r}"
+    expect(page.locator("#identical-badge")).to_contain_text("outputs")
+    expect(page.locator("#metrics")).to_contain_text("tokens/s")
+    page.wait_for_timeout(500)
+    page.screenshot(path=str(SHOTS / "compare.png"), full_page=True)
+
+
+def test_step_slider_changes_the_tree(page):
+    page.get_by_role("tab", name="Step explorer").click()
+    expect(page.locator("#tree-plot .js-plotly-plot")).to_be_visible(timeout=30_000)
+    expect(page.locator("#tree-plot .gtitle")).to_contain_text("step 0", timeout=30_000)
+    before = tree_title(page)
+    slider = page.locator("#step-slider input[type=range]")
+    slider.focus()
+    for _ in range(3):
+        slider.press("ArrowRight")
+    expect(page.locator("#tree-plot .gtitle")).to_contain_text("step 3", timeout=30_000)
+    assert tree_title(page) != before, "Moving the slider must redraw the tree for the new step."
+    expect(page.locator("#step-info")).to_contain_text("Step 3")
+    expect(page.locator("#entropy-plot .js-plotly-plot")).to_be_visible()
+    page.locator("#teaching label").click()
+    expect(page.locator("#narration")).to_contain_text("Step 3", timeout=30_000)
+    page.wait_for_timeout(500)
+    page.screenshot(path=str(SHOTS / "step-explorer.png"), full_page=True)
+
+
+def test_uploaded_trace_is_replayed(page):
+    page.get_by_role("tab", name="Trace files").click()
+    files = [ROOT / "assets" / "traces" / f"eiffel-tower-rag__{k}.json" for k in ("respec", "eagle")]
+    page.locator("#trace-upload input[type=file]").set_input_files([str(f) for f in files])
+    expect(page.locator("#status")).to_contain_text("Replaying 2 uploaded", timeout=60_000)
+    expect(page.locator("#trace-header")).to_be_visible()
+    page.get_by_role("tab", name="Compare").click()
+    expect(page.locator("#respec-output")).to_contain_text("Tower", timeout=30_000)
+    expect(page.locator("#eagle-output")).to_contain_text("Tower")
+    page.get_by_role("tab", name="Step explorer").click()
+    expect(page.locator("#step-info")).to_contain_text("Step 0 / 6", timeout=30_000)
+    page.wait_for_timeout(500)
+    page.screenshot(path=str(SHOTS / "replay.png"), full_page=True)
+
+
+def test_clicking_the_entropy_plot_selects_a_step(page):
+    point = page.locator("#entropy-plot .scatterlayer .trace .points path").nth(30)
+    box = point.bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.wait_for_timeout(300)
+    page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    expect(page.locator("#step-info")).not_to_contain_text("Step 0 /", timeout=30_000)
+
+
+def test_run_twice_is_refused_and_stop_cancels(page):
+    page.get_by_role("tab", name="Compare").click()
+    page.locator("#prompt textarea").fill("Count from one to fifty in words.")
+    page.locator("#run").click()
+    expect(page.locator("#status")).to_contain_text("▶", timeout=60_000)
+    page.locator("#run").click()
+    expect(page.get_by_text("A run is already going in this tab").first).to_be_visible(timeout=30_000)
+    page.locator("#stop").click()
+    expect(page.locator("#status")).to_contain_text("stopped", timeout=30_000)
+
+
+def test_empty_prompt_is_reported_in_the_page(page):
+    page.get_by_role("tab", name="Compare").click()
+    page.locator("#prompt textarea").fill("")
+    page.locator("#run").click()
+    expect(page.locator("#status")).to_contain_text("prompt is empty", timeout=30_000)
+    assert not page.errors, f"no JavaScript errors: {page.errors}"

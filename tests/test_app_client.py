@@ -1,0 +1,102 @@
+"""The `/compare` API through gradio_client against the app launched in this process (UX.md §6.3):
+tiny models for the contract and bad input, the default model for one real run."""
+import os
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import json  # noqa: E402
+
+import pytest  # noqa: E402
+from gradio_client import Client  # noqa: E402
+from gradio_client.exceptions import AppError  # noqa: E402
+
+from app.handlers import ModelHub  # noqa: E402
+from app.ui import build_demo  # noqa: E402
+from respec.trace import result_from_json  # noqa: E402
+from tests.test_app_render import CAPS, REPEAT, tiny_hub  # noqa: E402
+
+
+def serve(hub):
+    demo = build_demo(hub=hub, caps=CAPS)
+    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=None, prevent_thread_lock=True, quiet=True,
+                            ssr_mode=False)
+    return demo, url
+
+
+@pytest.fixture(scope="module")
+def client():
+    demo, url = serve(tiny_hub())
+    try:
+        yield Client(url, verbose=False)
+    finally:
+        demo.close()
+
+
+def test_compare_is_documented_with_prompt_and_settings(client):
+    api = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
+    assert "/compare" in api, "The compare run must be callable as api_name='/compare'."
+    params = [p["parameter_name"] for p in api["/compare"]["parameters"]]
+    assert params == ["prompt", "settings_json"]
+    assert len(api["/compare"]["returns"]) == 5
+
+
+def test_compare_returns_both_texts_traces_and_metrics(client):
+    a, b, ta, tb, m = client.predict(REPEAT, '{"max_new_tokens": 12, "theta_H": 20}', api_name="/compare")
+    ra, rb = result_from_json(ta), result_from_json(tb)
+    assert (ra.text, rb.text) == (a, b) and a.strip() and b.strip()
+    assert ra.config.method == "respec" and rb.config.method == "eagle2"
+    assert ra.meta["prompt"] == REPEAT and ra.config.trigger.theta_entropy == 20, "Traces record prompt and settings."
+    metrics = json.loads(m)
+    assert {"respec", "eagle", "comparison"} <= set(metrics)
+    assert metrics["respec"]["new_tokens"] == len(ra.tokens) == 12
+
+
+def test_empty_settings_mean_defaults(client):
+    _, _, ta, _, _ = client.predict("w5 w6 w7", "{}", api_name="/compare")
+    cfg = result_from_json(ta).config
+    assert cfg.max_new_tokens == CAPS.default_new_tokens and cfg.trigger.theta_entropy == 1.5
+
+
+@pytest.mark.parametrize("settings,needle", [
+    ('{"theta_H": -1}', "theta_entropy must be in"),
+    ('{"theta_H": ', "not valid JSON"),
+    ('["theta_H"]', "must be a JSON object"),
+    ('{"no_such_knob": 1}', "unknown setting"),
+    ('{"max_new_tokens": 5000}', "cap of 64"),
+    ('{"relax": {"budget": "lots"}}', "must be a number"),
+])
+def test_bad_settings_come_back_as_clear_errors(client, settings, needle):
+    with pytest.raises(AppError, match=needle):
+        client.predict(REPEAT, settings, api_name="/compare")
+
+
+def test_bad_prompts_come_back_as_clear_errors_and_the_app_keeps_serving(client):
+    with pytest.raises(AppError, match="prompt is empty"):
+        client.predict("  ", "{}", api_name="/compare")
+    with pytest.raises(AppError, match="context"):
+        client.predict(" ".join(["w5"] * 300), "{}", api_name="/compare")
+    a, *_ = client.predict(REPEAT, '{"max_new_tokens": 4}', api_name="/compare")
+    assert a.strip(), "After errors the app still answers."
+
+
+def test_simultaneous_calls_queue_and_all_finish(client):
+    jobs = [client.submit(REPEAT, json.dumps({"max_new_tokens": 6, "seed": i}), api_name="/compare") for i in range(3)]
+    results = [j.result(timeout=120) for j in jobs]
+    assert all(len(r) == 5 for r in results), "Queued runs (concurrency 1) must all complete."
+
+
+@pytest.mark.slow
+def test_compare_on_the_default_model():
+    from respec.models.loading import default_cache_dir
+    if not (default_cache_dir() / "config.json").is_file():
+        pytest.skip("the default model is not in the local cache (run scripts/setup.sh)")
+    demo, url = serve(ModelHub())
+    try:
+        a, b, ta, tb, m = Client(url, verbose=False).predict(
+            "Name three colors.", '{"max_new_tokens": 8}', api_name="/compare")
+        assert a.strip() and b.strip(), "The default model writes text in both columns."
+        metrics = json.loads(m)
+        assert metrics["respec"]["new_tokens"] == len(result_from_json(ta).tokens) <= 8
+        assert result_from_json(tb).meta["model"], "The trace names its model."
+    finally:
+        demo.close()
