@@ -119,7 +119,7 @@ def _default_factory(spec: str):
     # tree.auto measures the target's verify-cost curve on first use (seconds on a CPU); do it
     # now, so it is not billed to whichever method happens to run first.
     if hasattr(runner.target, "verify_cost_curve"):
-        runner.target.verify_cost_curve()
+        runner.target.verify_cost_curve(max_size=runner.config().tree.total_tokens)
     return runner
 
 

@@ -391,7 +391,7 @@ class Eagle2Drafter:
         return tree
 
     def _auto_prune(self, tree: DraftTree, draft_ms: float) -> DraftTree:
-        curve = self.target.verify_cost_curve()
+        curve = self.target.verify_cost_curve(max_size=self.tree_cfg.total_tokens)
         size, gain, worth = choose_size(tree, curve, self.kappa, draft_ms)
         pruned = prune_tree(tree, size)
         if worth < 1.0:
