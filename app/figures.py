@@ -163,6 +163,8 @@ def _node_hover(step: StepTrace, i: int, piece: str, depth: int, on_path: dict[i
             lines.append(f"cumulative log q = {s:.3f} (path prob {math.exp(min(0.0, s)):.3f})")
     if tree.draft_probs is not None and i > 0:
         lines.append(f"draft prob q = {tree.draft_probs[i]:.3f}")
+    if i > 0 and len(step.node_ranks) == tree.size:
+        lines.append(f"target: rank {step.node_ranks[i]}, p = {step.node_probs[i]:.3f} after its parent")
     if i in on_path and on_path[i] < len(step.entropies):
         k = on_path[i]
         lines.append(f"target after it: entropy {step.entropies[k]:.3f} nats, top-1 margin {step.margins[k]:.2f}")

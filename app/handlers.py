@@ -42,6 +42,39 @@ STREAM_INTERVAL_S = float(os.environ.get("RESPEC_STREAM_INTERVAL", "0.25"))
 
 
 # ------------------------------------------------------------------------------- the shared model
+#: Approximate bf16 footprint (GB) of models this project knows; others are sized from their files.
+KNOWN_MODEL_GB = {"default": 0.3}
+
+
+def model_fits(spec: str) -> bool:
+    """Whether a model can be held here: its estimated bf16 size (known table; a local directory's
+    weight files; a .gguf x 3 for dequantisation) within 80% of the free memory of the device it
+    would run on. Hub ids of unknown size are kept (their size cannot be known offline)."""
+    from pathlib import Path
+    p = Path(spec)
+    if spec in KNOWN_MODEL_GB:
+        gb = KNOWN_MODEL_GB[spec]
+    elif p.is_dir():
+        gb = sum(f.stat().st_size for f in p.glob("*") if f.suffix in (".safetensors", ".bin")) / 1e9
+    elif p.suffix == ".gguf" and p.is_file():
+        gb = 3 * p.stat().st_size / 1e9
+    else:
+        return True
+    try:
+        import torch
+        if torch.cuda.is_available():
+            free = torch.cuda.mem_get_info()[0] / 1e9
+        else:
+            import psutil
+            free = psutil.virtual_memory().available / 1e9
+    except Exception:  # noqa: BLE001 - no way to tell: offer it
+        return True
+    fits = gb <= 0.8 * free
+    if not fits:
+        log.warning("model %s (~%.1f GB) does not fit in %.1f GB free memory; not offered", spec, gb, free)
+    return fits
+
+
 class ModelHub:
     """One target model and its Runner for the whole process, loaded on first use (never at
     import), behind a lock.
@@ -56,7 +89,7 @@ class ModelHub:
     def __init__(self, spec: str | None = None, factory: Callable[[str], Any] | None = None,
                  choices: Sequence[str] | None = None) -> None:
         env_models = [m.strip() for m in os.environ.get("RESPEC_MODELS", "").split(",") if m.strip()]
-        self.choices = list(choices or env_models or ["default"])
+        self.choices = [m for m in (choices or env_models or ["default"]) if model_fits(m)] or ["default"]
         self.spec = spec or os.environ.get("RESPEC_MODEL", self.choices[0])
         if self.spec not in self.choices:
             self.choices.insert(0, self.spec)

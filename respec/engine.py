@@ -36,6 +36,19 @@ def _margins(logits: torch.Tensor) -> list[float]:
     return (top2[:, 0] - top2[:, 1]).tolist()
 
 
+def _node_ranks_probs(tree, logits: torch.Tensor) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """For every node i > 0: the rank (1 = top-1) and probability of its token under the target's
+    distribution after its parent. logits: [n + 1, V]. The root gets rank 0 and probability 1."""
+    parents = torch.tensor([max(p, 0) for p in tree.parents], device=logits.device)
+    z = logits[parents]                                                         # [n + 1, V]
+    tok = torch.tensor(tree.tokens, device=logits.device)
+    zd = z.gather(1, tok[:, None])[:, 0]                                        # [n + 1]
+    ranks = ((z > zd[:, None]).sum(-1) + 1).tolist()
+    probs = torch.exp(zd - torch.logsumexp(z, dim=-1)).tolist()
+    ranks[0], probs[0] = 0, 1.0
+    return tuple(int(r) for r in ranks), tuple(float(p) for p in probs)
+
+
 class Engine:
     def __init__(self, target: TargetModel, drafter: Drafter, config: EngineConfig,
                  stop_token_ids: Sequence[int] | None = None, tokenizer=None,
@@ -112,6 +125,7 @@ class Engine:
             path = list(verdict.path)
             self.target.keep(path)
             path_logits = tout.logits[path]                                     # [a + 1, V]
+            node_ranks, node_probs = _node_ranks_probs(tree, tout.logits)
             step_entropies = entropy(path_logits).tolist()
             step_margins = _margins(path_logits)
             _sync(dev)
@@ -129,7 +143,7 @@ class Engine:
             # 3.7 Report the step.
             yield StepTrace(step=step, source=proposal.source, tree=tree, verdict=verdict,
                             new_tokens=tuple(new_tokens), entropies=tuple(step_entropies),
-                            margins=tuple(step_margins),
+                            margins=tuple(step_margins), node_ranks=node_ranks, node_probs=node_probs,
                             draft_ms=(t_verify - t_draft) * 1000, verify_ms=(t_done - t_verify) * 1000,
                             decision=proposal.decision, candidates=tuple(candidates))
             step += 1

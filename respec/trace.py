@@ -44,6 +44,8 @@ class StepTrace:
     verify_ms: float
     decision: Decision | None = None
     candidates: tuple[dict, ...] = ()
+    node_ranks: tuple[int, ...] = ()        # [n + 1] target rank of each node's token after its parent (root 0)
+    node_probs: tuple[float, ...] = ()      # [n + 1] target probability of each node's token (root 1.0)
 
     @property
     def num_accepted(self) -> int:
@@ -59,7 +61,8 @@ class StepTrace:
                 "entropies": list(self.entropies), "margins": list(self.margins),
                 "draft_ms": self.draft_ms, "verify_ms": self.verify_ms,
                 "decision": None if self.decision is None else _decision_to_dict(self.decision),
-                "candidates": [dict(c) for c in self.candidates]}
+                "candidates": [dict(c) for c in self.candidates],
+                "node_ranks": list(self.node_ranks), "node_probs": list(self.node_probs)}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> StepTrace:
@@ -70,7 +73,9 @@ class StepTrace:
                    margins=tuple(float(x) for x in d["margins"]),
                    draft_ms=float(d["draft_ms"]), verify_ms=float(d["verify_ms"]),
                    decision=None if dec is None else _decision_from_dict(dec),
-                   candidates=tuple(dict(c) for c in d.get("candidates", ())))
+                   candidates=tuple(dict(c) for c in d.get("candidates", ())),
+                   node_ranks=tuple(int(x) for x in d.get("node_ranks", ())),
+                   node_probs=tuple(float(x) for x in d.get("node_probs", ())))
 
 
 def _decision_to_dict(dec: Decision) -> dict:
@@ -248,6 +253,9 @@ def validate_result(r: GenerationResult) -> None:
             raise TraceFormatError(f"step {i}: need one entropy and margin per path node")
         if i > 0 and s.tree.tokens[0] != r.steps[i - 1].new_tokens[-1]:
             raise TraceFormatError(f"step {i}: root {s.tree.tokens[0]} is not the previous step's last token")
+        for name in ("node_ranks", "node_probs"):
+            if getattr(s, name) and len(getattr(s, name)) != s.tree.size:
+                raise TraceFormatError(f"step {i}: {name} needs one entry per tree node")
         if s.verdict.num_relaxed > s.num_accepted:
             raise TraceFormatError(f"step {i}: more relaxed than accepted tokens")
         expected.extend(s.new_tokens)

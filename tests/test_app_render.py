@@ -377,3 +377,14 @@ def test_a_json_message_list_is_a_chat_prompt():
     assert handlers.parse_prompt("[not json") == "[not json" and handlers.parse_prompt("[1, 2]") == "[1, 2]"
     _, _, ta, _, _ = handlers.compare_api(tiny_hub(), CAPS, json.dumps(chat), '{"max_new_tokens": 4}')
     assert result_from_json(ta).meta["prompt"] == chat, "The trace records the chat."
+
+
+def test_model_picker_offers_only_models_that_fit(tmp_path):
+    from app.handlers import ModelHub, model_fits
+    huge = tmp_path / "huge"
+    huge.mkdir()
+    with open(huge / "model.safetensors", "wb") as fh:   # sparse file: claims 10 TB without using disk
+        fh.truncate(10 * 10**12)
+    assert model_fits("default") and not model_fits(str(huge))
+    hub = ModelHub(choices=["default", str(huge)], factory=lambda spec: None)
+    assert hub.choices == ["default"], "A model too big for this machine must not be offered."

@@ -66,3 +66,14 @@ def test_truncated_file_is_rejected(result):
     text = result_to_json(result)
     with pytest.raises(TraceFormatError):
         result_from_json(text[: len(text) // 2])
+
+
+def test_node_ranks_and_probs_agree_with_strict_verification(result):
+    for s in result.steps:
+        assert len(s.node_ranks) == len(s.node_probs) == s.tree.size
+        for node in s.verdict.path[1:]:
+            assert s.node_ranks[node] == 1, "A strictly accepted draft token is the target's top-1."
+        for node, st in enumerate(s.verdict.node_status):
+            if st == "rejected":
+                assert s.node_ranks[node] > 1
+        assert all(0.0 <= p <= 1.0 for p in s.node_probs)
