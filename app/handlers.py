@@ -12,6 +12,7 @@ page spends rendering between steps is excluded, so tokens/s are comparable betw
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -161,28 +162,16 @@ def assemble(engine, prompt_ids: Sequence[int], steps: Sequence, engine_s: float
              tokenizer=None) -> GenerationResult:
     """A GenerationResult from the steps streamed so far (the same accounting as Engine.generate:
     generated = [first token] + new tokens, cut at max_new_tokens and after a stop token)."""
-    cfg = engine.config
-    first = getattr(engine, "_first", None)
-    if first is None:                                   # nothing pulled yet
-        root, fe, fm, prefill_ms = (steps[0].tree.tokens[0] if steps else 0), math.nan, math.nan, 0.0
-    else:
-        root, fe, fm, prefill_ms = first
-    tokens = [int(root)]
-    for s in steps:
-        tokens.extend(s.new_tokens)
-    max_new = min(cfg.max_new_tokens, engine.target.context_length - len(prompt_ids))
-    tokens = tokens[:max_new]
-    stop_reason = "max_new_tokens" if len(tokens) == cfg.max_new_tokens else "context"
-    for i, t in enumerate(tokens):
-        if t in engine.stop_token_ids:
-            tokens, stop_reason = tokens[:i + 1], "stop_token"
-            break
-    if not final:
-        stop_reason = "running"
-    text = tokenizer.decode(tokens, skip_special_tokens=True) if (final and tokenizer is not None) else ""
-    return GenerationResult(prompt_tokens=tuple(int(t) for t in prompt_ids), tokens=tuple(tokens), text=text,
-                            first_entropy=float(fe), first_margin=float(fm), steps=tuple(steps), config=cfg,
-                            wall_time_s=engine_s, prefill_ms=float(prefill_ms), stop_reason=stop_reason, meta={})
+    if engine.prefill is None:                         # nothing pulled yet: an empty partial result
+        cfg = engine.config
+        root = steps[0].tree.tokens[0] if steps else 0
+        return GenerationResult(prompt_tokens=tuple(int(t) for t in prompt_ids), tokens=(int(root),) if steps else (),
+                                text="", first_entropy=math.nan, first_margin=math.nan, steps=tuple(steps),
+                                config=cfg, wall_time_s=engine_s, prefill_ms=0.0, stop_reason="running", meta={})
+    result = engine.assemble(prompt_ids, steps, engine_s, final=final)
+    if final and tokenizer is not None and engine.tokenizer is None:
+        result = dataclasses.replace(result, text=tokenizer.decode(list(result.tokens), skip_special_tokens=True))
+    return result
 
 
 def stream_run(runner, prompt: str, config, advance: Callable | None = None

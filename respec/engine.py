@@ -159,11 +159,19 @@ class Engine:
                 return
             root = verdict.next_token
 
-    def generate(self, prompt: Sequence[int]) -> GenerationResult:
-        """Run `stream` to the end and assemble the result (never re-implements the loop)."""
-        t0 = time.perf_counter()
-        steps = list(self.stream(prompt))
-        wall = time.perf_counter() - t0
+    @property
+    def prefill(self) -> tuple[int, float, float, float] | None:
+        """(first token, its distribution's entropy, its top-1/top-2 margin, prefill ms) of the
+        current run, once `stream` has done the prefill; None before."""
+        return self._first
+
+    def assemble(self, prompt: Sequence[int], steps: Sequence[StepTrace], wall_time_s: float,
+                 final: bool = True) -> GenerationResult:
+        """The GenerationResult of the steps streamed so far: generated = [first token] + every
+        step's new tokens, cut at max_new_tokens (or the context end) and after a stop token.
+        With final=False (a run still streaming) the stop reason is "running" and text is not decoded."""
+        if self._first is None:
+            raise RuntimeError("assemble before the prefill")
         root, first_entropy, first_margin, prefill_ms = self._first
         tokens = [root]
         for s in steps:
@@ -175,12 +183,20 @@ class Engine:
             if t in self.stop_token_ids:
                 tokens, stop_reason = tokens[:i + 1], "stop_token"
                 break
+        if not final:
+            stop_reason = "running"
         text = ""
-        if self.tokenizer is not None:
+        if final and self.tokenizer is not None:
             text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-        result = GenerationResult(prompt_tokens=tuple(int(t) for t in prompt), tokens=tuple(tokens), text=text,
-                                  first_entropy=first_entropy, first_margin=first_margin, steps=tuple(steps),
-                                  config=self.config, wall_time_s=wall, prefill_ms=prefill_ms,
-                                  stop_reason=stop_reason, meta={})
+        return GenerationResult(prompt_tokens=tuple(int(t) for t in prompt), tokens=tuple(tokens), text=text,
+                                first_entropy=first_entropy, first_margin=first_margin, steps=tuple(steps),
+                                config=self.config, wall_time_s=wall_time_s, prefill_ms=prefill_ms,
+                                stop_reason=stop_reason, meta={})
+
+    def generate(self, prompt: Sequence[int]) -> GenerationResult:
+        """Run `stream` to the end and assemble the result (never re-implements the loop)."""
+        t0 = time.perf_counter()
+        steps = list(self.stream(prompt))
+        result = self.assemble(prompt, steps, time.perf_counter() - t0)
         self.last_result = result
         return result

@@ -1,0 +1,379 @@
+"""EAGLE head training (ALGORITHMS.md §4.7), batched and cache-free, resumable.
+
+Alignment: a sequence x_0..x_{n-1} has target features f_0..f_{n-1} (final-norm hidden states;
+lm_head(f_t) predicts x_{t+1}). Head position t takes the pair (f_t + noise, x_{t+1}) and predicts
+f̂_{t+1}; head positions are 0..n-2, exactly as the inference head (EagleHead.forward) numbers them.
+The loss covers predicted features f̂_j with j >= example.start (j >= 1):
+    L = v_w * SmoothL1(f̂_j, f_j)  (mean over hidden dims)  +  p_w * CE(softmax(lm_head(f_j)), log_softmax(lm_head(f̂_j)))
+averaged over covered positions. Top-1 = argmax lm_head(f̂_j) == argmax lm_head(f_j), i.e. the
+target's own next token (what greedy verification accepts).
+
+The training forward calls the head's own modules (`fc`, `layers[0]`, `rotary`) on [B, T] batches
+with right padding and the causal mask; padded positions never precede real ones, so no padding
+mask is needed, and a test checks it equals `EagleHead.forward` on each sequence.
+
+Optimiser: AdamW (betas 0.9/0.95), `clip_grad_value_`, linear warm-up then linear decay to
+`min_lr_ratio` at `steps`. The head trains in float32 (float64 for float64 targets) and is saved in
+the published format (config.json + model.safetensors) via `save_eagle_head`.
+
+Out dir: `checkpoint.pt` (head + optimizer + step + RNG, written atomically every `save_every` steps
+and at the end), `training_log.jsonl` (one JSON line per evaluation), `train_config.json`, and the
+final head files. `resume=True` continues from the checkpoint's step (to a possibly larger `steps`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from respec.errors import ConfigError, RespecError
+from respec.train.data import Example, is_validation, target_slug
+
+CHECKPOINT = "checkpoint.pt"
+LOG = "training_log.jsonl"
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 2000
+    batch_size: int = 4
+    max_len: int = 512
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    warmup: int = 100
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 0.5
+    noise: float = 0.2                 # uniform noise U(-noise/2, noise/2) on input features
+    v_weight: float = 1.0
+    p_weight: float = 0.1
+    val_fraction: float = 0.05
+    val_max_examples: int = 64
+    eval_every: int = 500
+    save_every: int = 200
+    seed: int = 0
+    init_from_last_layer: bool = False
+
+    def validate(self) -> "TrainConfig":
+        ints = {"steps": 1, "batch_size": 1, "max_len": 4, "warmup": 0, "val_max_examples": 1,
+                "eval_every": 1, "save_every": 1}
+        for name, low in ints.items():
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < low:
+                raise ConfigError(f"train setting {name} must be an integer >= {low}, got {v!r}")
+        floats = {"lr": (0.0, 1.0, False), "weight_decay": (0.0, 10.0, True), "min_lr_ratio": (0.0, 1.0, True),
+                  "grad_clip": (0.0, 1e6, False), "noise": (0.0, 100.0, True), "v_weight": (0.0, 1e6, True),
+                  "p_weight": (0.0, 1e6, True), "val_fraction": (0.0, 0.5, True)}
+        for name, (lo, hi, lo_ok) in floats.items():
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) \
+                    or v > hi or v < lo or (v == lo and not lo_ok):
+                raise ConfigError(f"train setting {name} must be a number in {'[' if lo_ok else '('}{lo}, {hi}], got {v!r}")
+        if self.v_weight == 0 and self.p_weight == 0:
+            raise ConfigError("v_weight and p_weight cannot both be 0")
+        return self
+
+
+# ------------------------------------------------------------------------------------ model pieces
+def train_dtype(target) -> torch.dtype:
+    return torch.float64 if target.dtype == torch.float64 else torch.float32
+
+
+def _target_layers(target):
+    layers = getattr(target._base, "layers", None)
+    if layers is None or len(layers) == 0:
+        raise RespecError("the target exposes no decoder layers (`get_decoder().layers`)")
+    return layers
+
+
+def make_head(target, *, seed: int = 0, init_from_last_layer: bool = False):
+    """A fresh trainable head shaped for `target` (q/k/v biases iff the target's layers have them).
+    With `init_from_last_layer`, the decoder layer starts as a copy of the target's last layer (its
+    input RMSNorm weight folded into q/k/v, since the head has no input norm) and fc starts as
+    [small random | identity], i.e. it passes f_t through."""
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+    from respec.drafters.eagle2 import random_head
+
+    last = _target_layers(target)[-1]
+    qkv_bias = getattr(getattr(last.self_attn, "q_proj", None), "bias", None) is not None
+    dtype = train_dtype(target)
+    head = random_head(target, seed=seed, qkv_bias=qkv_bias).to(dtype=dtype)
+    with torch.random.fork_rng(devices=[]):          # re-init in full precision, caller's RNG untouched
+        torch.manual_seed(seed)
+        head.fc.reset_parameters()
+        head.layers[0].apply(lambda m: m.reset_parameters() if isinstance(m, torch.nn.Linear) else None)
+    head.rotary = LlamaRotaryEmbedding(head.config).to(target.device)   # inv_freq in float32
+    if init_from_last_layer:
+        with torch.no_grad():
+            src = {k: v.detach().to(dtype) for k, v in last.state_dict().items()
+                   if not k.startswith("input_layernorm")}
+            norm = getattr(last, "input_layernorm", None)
+            w = getattr(norm, "weight", None)
+            if w is not None:
+                for p in ("q_proj", "k_proj", "v_proj"):
+                    key = f"self_attn.{p}.weight"
+                    if key in src:
+                        src[key] = src[key] * w.detach().to(dtype)[None, :]
+            missing, unexpected = head.layers[0].load_state_dict(src, strict=False)
+            if missing or unexpected:
+                raise RespecError(f"cannot initialise the head from the target's last layer: "
+                                  f"missing {missing}, unexpected {unexpected}")
+            h = head.config.hidden_size
+            head.fc.weight[:, :h].mul_(0.1)
+            head.fc.weight[:, h:].copy_(torch.eye(h, dtype=dtype))
+            if head.fc.bias is not None:
+                head.fc.bias.zero_()
+    return head.train()
+
+
+class LMHead:
+    """The target's frozen output layer in the training dtype (softcap as the target applies it)."""
+
+    def __init__(self, target, dtype: torch.dtype) -> None:
+        head = target.model.get_output_embeddings()
+        self.weight = head.weight.detach().to(dtype)
+        self.bias = None if getattr(head, "bias", None) is None else head.bias.detach().to(dtype)
+        self.softcap = target.softcap
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(h, self.weight, self.bias)
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+
+@torch.inference_mode()
+def target_features(target, ids: torch.Tensor) -> torch.Tensor:
+    """Final-norm hidden states [B, T, H] of a right-padded batch (padding only follows real tokens,
+    so the causal mask alone keeps real positions exact)."""
+    return target._base(input_ids=ids.to(target.device), use_cache=False).last_hidden_state
+
+
+def head_forward(head, emb: torch.Tensor, feat: torch.Tensor) -> torch.Tensor:
+    """Batched cache-free head forward: emb = embed(x_{t+1}), feat = f_t, both [B, T, H] ->
+    f̂_{t+1} [B, T, H], positions 0..T-1, causal attention."""
+    x = head.fc(torch.cat([emb, feat], dim=-1))
+    pos = torch.arange(x.shape[1], device=x.device)[None].expand(x.shape[0], -1)
+    cos_sin = head.rotary(x, pos)
+    out = head.layers[0](x, attention_mask=None, position_ids=pos, position_embeddings=cos_sin)
+    return out[0] if isinstance(out, tuple) else out
+
+
+def collate(examples: Sequence[Example], max_len: int, pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids [B, T] right-padded, and the loss mask over predicted features [B, T-1] (entry t covers
+    f̂_{t+1}: real, and t+1 >= start)."""
+    seqs = [list(e.ids[:max_len]) for e in examples]
+    T = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), T), pad, dtype=torch.long)
+    mask = torch.zeros((len(seqs), T - 1), dtype=torch.bool)
+    for i, (s, e) in enumerate(zip(seqs, examples)):
+        ids[i, :len(s)] = torch.tensor(s)
+        lo = max(e.start, 1)
+        if lo < len(s):
+            mask[i, lo - 1:len(s) - 1] = True
+    return ids, mask
+
+
+def batch_loss(head, target, lm: LMHead, ids: torch.Tensor, mask: torch.Tensor, cfg: TrainConfig,
+               noise: bool, generator: torch.Generator | None = None) -> dict:
+    dtype = lm.weight.dtype
+    dev = target.device
+    mask = mask.to(dev)
+    feats = target_features(target, ids).to(dtype).clone()             # [B, T, H]
+    emb = target.embed(ids[:, 1:].to(dev)).detach().to(dtype)
+    inp = feats[:, :-1]
+    if noise and cfg.noise > 0:
+        u = torch.rand(inp.shape, generator=generator, dtype=dtype).to(dev)
+        inp = inp + (u - 0.5) * cfg.noise
+    pred = head_forward(head, emb, inp)                                  # [B, T-1, H]
+    fh, ft = pred[mask], feats[:, 1:][mask]                              # [N, H]
+    n = int(fh.shape[0])
+    if n == 0:
+        zero = pred.sum() * 0.0
+        return {"loss": zero, "vloss": 0.0, "ploss": 0.0, "correct": 0, "count": 0}
+    vloss = F.smooth_l1_loss(fh, ft, reduction="none").mean(-1).mean()
+    with torch.no_grad():
+        t_logits = lm(ft)
+        t_prob = torch.softmax(t_logits, -1)
+        t_top = t_logits.argmax(-1)
+    h_logits = lm(fh)
+    ploss = -(t_prob * torch.log_softmax(h_logits, -1)).sum(-1).mean()
+    loss = cfg.v_weight * vloss + cfg.p_weight * ploss
+    correct = int((h_logits.detach().argmax(-1) == t_top).sum())
+    return {"loss": loss, "vloss": float(vloss.detach()), "ploss": float(ploss.detach()), "correct": correct,
+            "count": n}
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Learning rate for optimizer step `step` (0-based)."""
+    if cfg.warmup and step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    span = max(1, cfg.steps - cfg.warmup)
+    frac = min(1.0, (step - cfg.warmup) / span)
+    return cfg.lr * (1.0 - (1.0 - cfg.min_lr_ratio) * frac)
+
+
+def split(examples: Sequence[Example], val_fraction: float, val_max: int) -> tuple[list[Example], list[Example]]:
+    train, val = [], []
+    for e in examples:
+        (val if is_validation(e.key, val_fraction) else train).append(e)
+    if not train and val:                       # tiny data sets: never train on nothing
+        train, val = val[len(val) // 2:], val[:len(val) // 2]
+    return train, val[:val_max]
+
+
+@torch.no_grad()
+def evaluate(head, target, lm: LMHead, examples: Sequence[Example], cfg: TrainConfig) -> dict:
+    was = head.training
+    head.eval()
+    tot = {"loss": 0.0, "vloss": 0.0, "ploss": 0.0, "correct": 0, "count": 0}
+    for i in range(0, len(examples), cfg.batch_size):
+        ids, mask = collate(examples[i:i + cfg.batch_size], cfg.max_len)
+        r = batch_loss(head, target, lm, ids, mask, cfg, noise=False)
+        c = r["count"]
+        tot["loss"] += float(r["loss"]) * c
+        tot["vloss"] += r["vloss"] * c
+        tot["ploss"] += r["ploss"] * c
+        tot["correct"] += r["correct"]
+        tot["count"] += c
+    head.train(was)
+    c = max(1, tot["count"])
+    return {"loss": tot["loss"] / c, "vloss": tot["vloss"] / c, "ploss": tot["ploss"] / c,
+            "top1": tot["correct"] / c, "tokens": tot["count"]}
+
+
+def _atomic_save(obj, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def _epoch_order(n: int, seed: int, epoch: int) -> list[int]:
+    order = list(range(n))
+    random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    return order
+
+
+def train_eagle(target, examples: Sequence[Example], out_dir: str | Path, cfg: TrainConfig, *,
+                resume: bool = False, progress: bool = True, log=print) -> dict:
+    """Train an EAGLE head for `target` on `examples`; write checkpoint, log and the head to out_dir.
+    Returns the last log record. Raises ConfigError / RespecError on bad input."""
+    from tqdm.auto import tqdm
+    from respec.drafters.eagle2 import save_eagle_head
+
+    cfg = dataclasses.replace(cfg).validate()
+    out = Path(out_dir)
+    ckpt_path = out / CHECKPOINT
+    if out.exists() and not out.is_dir():
+        raise RespecError(f"--out {out} exists and is not a directory")
+    if resume and not ckpt_path.is_file():
+        raise RespecError(f"cannot resume: no {CHECKPOINT} in {out}")
+    if not resume and ckpt_path.is_file():
+        raise RespecError(f"{out} already holds a training checkpoint; pass --resume to continue it "
+                          f"or choose another --out")
+    examples = [e for e in examples if len(e.ids) >= 2 and max(e.start, 1) < min(len(e.ids), cfg.max_len)]
+    if not examples:
+        raise RespecError("no training data: every example is empty or shorter than 2 tokens")
+    train, val = split(examples, cfg.val_fraction, cfg.val_max_examples)
+    slug = target_slug(target)
+
+    state = None
+    if resume:
+        state = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        if state.get("target") != slug:
+            raise RespecError(f"checkpoint in {out} was trained for {state.get('target')!r}, not {slug!r}")
+        saved = TrainConfig(**state["config"])
+        # the run's shape stays as it was; cadence and length may change
+        cfg = dataclasses.replace(saved, steps=cfg.steps, eval_every=cfg.eval_every,
+                                  save_every=cfg.save_every).validate()
+        if state["step"] >= cfg.steps:
+            log(f"checkpoint is already at step {state['step']} >= --steps {cfg.steps}; writing the head only")
+
+    head = make_head(target, seed=cfg.seed, init_from_last_layer=cfg.init_from_last_layer and state is None)
+    if state is not None:
+        head.load_state_dict(state["head"])
+    params = [p for p in head.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    step, epoch, pos = 0, 0, 0
+    gen = torch.Generator().manual_seed(cfg.seed)
+    if state is not None:
+        opt.load_state_dict(state["optimizer"])
+        step, epoch, pos = state["step"], state["epoch"], state["pos"]
+        gen.set_state(state["noise_rng"])
+    lm = LMHead(target, train_dtype(target))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "train_config.json").write_text(json.dumps(
+        {**dataclasses.asdict(cfg), "target": slug, "train_examples": len(train), "val_examples": len(val),
+         "train_tokens": sum(len(e.ids) for e in train)}, indent=2))
+
+    def save_ckpt():
+        _atomic_save({"step": step, "epoch": epoch, "pos": pos, "head": head.state_dict(),
+                      "optimizer": opt.state_dict(), "config": dataclasses.asdict(cfg), "target": slug,
+                      "noise_rng": gen.get_state()}, ckpt_path)
+
+    run = {"loss": 0.0, "vloss": 0.0, "ploss": 0.0, "correct": 0, "count": 0, "batches": 0}
+    t0 = time.perf_counter()
+    last: dict = {}
+
+    def record(event: str) -> dict:
+        nonlocal run
+        c = max(1, run["count"])
+        rec = {"event": event, "step": step, "epoch": epoch, "lr": lr_at(max(step - 1, 0), cfg),
+               "train_loss": run["loss"] / max(1, run["batches"]), "train_vloss": run["vloss"] / c,
+               "train_ploss": run["ploss"] / c, "train_top1": run["correct"] / c, "train_tokens": run["count"]}
+        v = evaluate(head, target, lm, val, cfg) if val else {}
+        rec.update({f"val_{k}": x for k, x in v.items()})
+        rec["elapsed_s"] = round(time.perf_counter() - t0, 2)
+        with open(out / LOG, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(rec) + "\n")
+        run = {"loss": 0.0, "vloss": 0.0, "ploss": 0.0, "correct": 0, "count": 0, "batches": 0}
+        log(f"[{event}] step {step} epoch {epoch}: train loss {rec['train_loss']:.4f} top1 {rec['train_top1']:.3f}"
+            + (f" | val loss {rec['val_loss']:.4f} top1 {rec['val_top1']:.3f} ({rec['val_tokens']} tok)" if v else ""))
+        return rec
+
+    if state is None:
+        last = record("init")
+    bar = tqdm(total=cfg.steps, initial=min(step, cfg.steps), desc="training EAGLE head", unit="step",
+               disable=not progress)
+    order = _epoch_order(len(train), cfg.seed, epoch)
+    while step < cfg.steps:
+        if pos >= len(order):
+            if run["batches"]:                  # (an eval record may already cover this step)
+                last = record("epoch")
+            epoch, pos = epoch + 1, 0
+            order = _epoch_order(len(train), cfg.seed, epoch)
+        batch = [train[i] for i in order[pos:pos + cfg.batch_size]]
+        pos += cfg.batch_size
+        ids, mask = collate(batch, cfg.max_len)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, cfg)
+        r = batch_loss(head, target, lm, ids, mask, cfg, noise=True, generator=gen)
+        opt.zero_grad(set_to_none=True)
+        if r["count"]:
+            r["loss"].backward()
+            torch.nn.utils.clip_grad_value_(params, cfg.grad_clip)
+            opt.step()
+        step += 1
+        run["loss"] += float(r["loss"].detach()); run["batches"] += 1
+        run["vloss"] += r["vloss"] * r["count"]; run["ploss"] += r["ploss"] * r["count"]
+        run["correct"] += r["correct"]; run["count"] += r["count"]
+        bar.update(1)
+        bar.set_postfix(loss=f"{float(r['loss'].detach()):.3f}", top1=f"{r['correct'] / max(1, r['count']):.2f}", epoch=epoch)
+        if step % cfg.eval_every == 0 and step < cfg.steps:
+            last = record("eval")
+        if step % cfg.save_every == 0:
+            save_ckpt()
+    bar.close()
+    if run["batches"] or not last:
+        last = record("final")
+    save_ckpt()
+    save_eagle_head(head, out)
+    return last
