@@ -66,6 +66,9 @@ class Runner:
         return self._no_relax
 
     def engine(self, config: EngineConfig) -> Engine:
+        if config.tree.auto and config.method != "vanilla" and hasattr(self.target, "verify_cost_curve"):
+            # measured once per target and size, here rather than inside the first timed run
+            self.target.verify_cost_curve(max_size=config.tree.total_tokens)
         drafter = make_drafter(config.method, self.target, config, head=self.head)
         return Engine(self.target, drafter, config, tokenizer=self.tokenizer, no_relax_ids=self.no_relax_ids)
 
