@@ -75,6 +75,7 @@ class Engine:
     def stream(self, prompt: Sequence[int]) -> Iterator[StepTrace]:
         """The only decoding loop. Yields one StepTrace per target forward after the prefill."""
         cfg = self.config
+        self._first = None
         prompt = [int(t) for t in prompt]
         self.check_prompt(prompt)
         gen = torch.Generator(device="cpu").manual_seed(cfg.sampling.seed)
