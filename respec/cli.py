@@ -1,4 +1,4 @@
-"""Command line: `python -m respec generate | bench | replay`.
+"""Command line: `python -m respec generate | bench | replay | train-eagle`.
 
 Contract: the CLI is a thin layer over the same Runner/Engine the app uses. Every RespecError
 (bad settings, empty or too-long prompt, unknown model or method, malformed trace) is printed as
@@ -102,6 +102,37 @@ def cmd_replay(args) -> int:
     return 0
 
 
+def cmd_train_eagle(args) -> int:
+    from respec.models import load_target
+    from respec.train.pipeline import PipelineConfig, run_pipeline
+    from respec.train.trainer import TrainConfig
+
+    tc = TrainConfig(steps=args.steps, batch_size=args.batch_size, max_len=args.max_len, lr=args.lr,
+                     warmup=args.warmup, grad_clip=args.grad_clip, noise=args.noise,
+                     val_fraction=args.val_fraction, eval_every=args.eval_every, save_every=args.save_every,
+                     seed=args.seed, init_from_last_layer=args.init_from_last_layer).validate()
+    pc = PipelineConfig(spec_bench=None if args.no_spec_bench else args.spec_bench,
+                        prompts_files=list(args.prompts_file or []), builtin=not args.no_builtin_prompts,
+                        max_prompts=args.max_prompts, gen_max_new_tokens=args.gen_max_new_tokens,
+                        gen_batch_size=args.gen_batch_size, generate=not args.no_generate,
+                        text_tokens=args.text_tokens, data_dir=args.data_dir,
+                        generate_only=args.generate_only).validate()
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise RespecError(f"--out {out} exists and is not a directory")
+    if args.resume and not (out / "checkpoint.pt").is_file() and not args.generate_only:
+        raise RespecError(f"cannot resume: no checkpoint.pt in {out}")
+    if not args.resume and (out / "checkpoint.pt").is_file() and not args.generate_only:
+        raise RespecError(f"{out} already holds a training checkpoint; pass --resume or choose another --out")
+    target = load_target(args.target, device=args.device, dtype=args.dtype)
+    last = run_pipeline(target, out, pc, tc, resume=args.resume, progress=not args.quiet)
+    if not args.generate_only:
+        print(f"EAGLE head written to {out} (config.json + model.safetensors; log {out}/training_log.jsonl)")
+        if "val_top1" in last:
+            print(f"final: step {last['step']}, val loss {last['val_loss']:.4f}, val top-1 {last['val_top1']:.3f}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m respec", description="ReSpec Explorer engine")
     sub = p.add_subparsers(dest="command", required=True)
@@ -135,6 +166,41 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("replay", help="validate and print a trace file")
     r.add_argument("trace")
     r.set_defaults(func=cmd_replay)
+
+    t = sub.add_parser("train-eagle", help="train an EAGLE-2 draft head for a target (resumable)")
+    t.add_argument("--target", default="default", help='"default" | HF id | local dir | .gguf path')
+    t.add_argument("--out", required=True, help="output directory: checkpoint, log, and the head")
+    t.add_argument("--device", default="auto")
+    t.add_argument("--dtype", default="auto")
+    t.add_argument("--resume", action="store_true", help="continue the checkpoint in --out")
+    t.add_argument("--steps", type=int, default=2000, help="total optimizer steps (resume may raise it)")
+    t.add_argument("--batch-size", type=int, default=4)
+    t.add_argument("--max-len", type=int, default=512, help="tokens per training sequence (longer are cut)")
+    t.add_argument("--lr", type=float, default=1e-4)
+    t.add_argument("--warmup", type=int, default=100)
+    t.add_argument("--grad-clip", type=float, default=0.5, help="clip_grad_value_ bound")
+    t.add_argument("--noise", type=float, default=0.2, help="uniform feature noise width")
+    t.add_argument("--val-fraction", type=float, default=0.05)
+    t.add_argument("--eval-every", type=int, default=500)
+    t.add_argument("--save-every", type=int, default=200)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--init-from-last-layer", action="store_true",
+                   help="start the head's layer as a copy of the target's last decoder layer")
+    t.add_argument("--spec-bench", default="auto",
+                   help="Spec-Bench questions JSONL for prompts (default: ../shared/spec_bench/question_dev.jsonl if present)")
+    t.add_argument("--no-spec-bench", action="store_true")
+    t.add_argument("--prompts-file", action="append", metavar="F",
+                   help="extra prompts: JSONL (turns/prompt/text) or one per line (repeatable)")
+    t.add_argument("--no-builtin-prompts", action="store_true")
+    t.add_argument("--max-prompts", type=int, default=None, help="answer at most this many prompts")
+    t.add_argument("--gen-max-new-tokens", type=int, default=256)
+    t.add_argument("--gen-batch-size", type=int, default=8)
+    t.add_argument("--no-generate", action="store_true", help="train on stored responses only")
+    t.add_argument("--generate-only", action="store_true", help="only generate and store responses")
+    t.add_argument("--text-tokens", type=int, default=0, help="tokens of offline teacher-forced text to add")
+    t.add_argument("--data-dir", default=None, help="response store (default data/eagle/<target>/)")
+    t.add_argument("--quiet", action="store_true", help="no progress bars")
+    t.set_defaults(func=cmd_train_eagle)
     return p
 
 

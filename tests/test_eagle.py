@@ -141,3 +141,16 @@ def test_auto_budget_with_a_random_head_mostly_skips_drafting_and_stays_lossless
     assert out.stats.steps_by_source.get("none", 0) > out.stats.steps * 0.6, \
         "With a head that accepts nothing, auto must stop drafting most of the time."
     assert any(s.decision is not None and "auto" in s.decision.reason for s in out.steps)
+
+
+def test_head_uses_the_target_rope_base_in_float32_and_saves_it(tmp_path):
+    import json as _json
+    from respec.drafters.eagle2 import _rope_theta
+    target = make_target("llama")
+    target.model.config.rope_parameters = {"rope_type": "default", "rope_theta": 100000.0}
+    head = random_head(target)
+    assert _rope_theta(head.config) == 100000.0, "The random head must use the target's RoPE base."
+    assert head.rotary.inv_freq.dtype == torch.float32, "RoPE frequencies stay in float32."
+    save_eagle_head(head, tmp_path)
+    assert _json.loads((tmp_path / "config.json").read_text())["rope_theta"] == 100000.0
+    assert _rope_theta(load_eagle_head(tmp_path, target).config) == 100000.0

@@ -37,8 +37,21 @@ from respec.models.base import TargetModel
 from respec.tree import DraftTree
 
 _HEAD_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
-              "rms_norm_eps", "rope_theta", "max_position_embeddings", "hidden_act", "vocab_size",
-              "head_dim")
+              "rms_norm_eps", "rope_theta", "rope_parameters", "max_position_embeddings", "hidden_act",
+              "vocab_size", "head_dim")
+
+
+def _to_target(head: "EagleHead", target: TargetModel) -> "EagleHead":
+    """Cast the head to the target's device and dtype, keeping RoPE's inverse frequencies in float32
+    (as in training; a bf16 inv_freq would shift the angles at long positions)."""
+    head = head.to(device=target.device, dtype=target.dtype)
+    head.rotary = LlamaRotaryEmbedding(head.config).to(target.device)
+    return head.eval()
+
+
+def _rope_theta(config: LlamaConfig) -> float:
+    params = getattr(config, "rope_parameters", None) or {}
+    return float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0) or 10000.0))
 
 
 class EagleHead(nn.Module):
@@ -87,7 +100,7 @@ def random_head(target: TargetModel, *, seed: int = 0, qkv_bias: bool = False) -
     cfg = LlamaConfig(**{k: v for k, v in target.model.config.to_dict().items() if k in _HEAD_KEYS})
     torch.manual_seed(seed)
     head = EagleHead(cfg, qkv_bias=qkv_bias)
-    return head.to(device=target.device, dtype=target.dtype).eval()
+    return _to_target(head, target)
 
 
 def load_eagle_head(path: str | Path, target: TargetModel) -> EagleHead:
@@ -122,7 +135,7 @@ def load_eagle_head(path: str | Path, target: TargetModel) -> EagleHead:
     missing = [k for k in missing if not k.startswith("rotary")]
     if missing or unexpected:
         raise ModelLoadError(f"EAGLE head at {path}: missing keys {missing}, unexpected keys {unexpected}")
-    return head.to(device=target.device, dtype=target.dtype).eval()
+    return _to_target(head, target)
 
 
 def save_eagle_head(head: EagleHead, path: str | Path) -> None:
@@ -130,8 +143,9 @@ def save_eagle_head(head: EagleHead, path: str | Path) -> None:
     from safetensors.torch import save_file
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    cfg = {k: v for k, v in head.config.to_dict().items() if k in _HEAD_KEYS}
+    cfg = {k: v for k, v in head.config.to_dict().items() if k in _HEAD_KEYS and k != "rope_parameters"}
     cfg.update({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 1,
+                "rope_theta": _rope_theta(head.config),
                 "bias": head.fc.bias is not None, "qkv_bias": head.qkv_bias})
     state = {k: v.detach().to("cpu").contiguous() for k, v in head.state_dict().items()
              if not k.startswith("rotary")}

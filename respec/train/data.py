@@ -285,7 +285,7 @@ def offline_texts(roots: Sequence[Path] | None = None) -> Iterator[tuple[str, st
 def text_examples(tokenizer, texts: Iterable[tuple[str, str]], max_tokens: int, window: int,
                   progress: bool = True) -> list[Example]:
     """Tokenize `texts` and pack them (separated by blank lines) into windows of `window` tokens,
-    up to `max_tokens` tokens in all. Keys name the window's first source."""
+    at most `max_tokens` tokens in all (whole windows). Keys name the window's first source."""
     from tqdm.auto import tqdm
 
     if tokenizer is None:
@@ -299,12 +299,12 @@ def text_examples(tokenizer, texts: Iterable[tuple[str, str]], max_tokens: int, 
     sep = tokenizer("\n\n", add_special_tokens=False)["input_ids"]
     bar = tqdm(total=max_tokens, desc="tokenizing offline text", unit="tok", disable=not progress)
     for source, text in texts:
-        if total >= max_tokens:
+        if total + window > max_tokens:
             break
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         first = first or source
         buf.extend(list(ids) + list(sep))
-        while len(buf) >= window and total < max_tokens:
+        while len(buf) >= window and total + window <= max_tokens:
             out.append(Example(key=f"text:{first}:{len(out)}", ids=tuple(buf[:window]), start=0))
             buf = buf[window:]
             first = source

@@ -186,7 +186,7 @@ def _math_prompts(rng: random.Random, n: int) -> list[str]:
 
 
 def builtin_prompts(seed: int = 0) -> list[tuple[str, str]]:
-    """The project's own prompt sets as (category, text); about 900 prompts, deterministic."""
+    """The project's own prompt sets as (category, text); 690 prompts, deterministic."""
     rng = random.Random(seed)
     out: list[tuple[str, str]] = []
     out += [("chat", t.format(t=topic)) for topic in _CHAT_TOPICS for t in _CHAT_TEMPLATES[:5]]

@@ -325,17 +325,19 @@ def train_eagle(target, examples: Sequence[Example], out_dir: str | Path, cfg: T
 
     def record(event: str) -> dict:
         nonlocal run
-        c = max(1, run["count"])
+        c = run["count"]
         rec = {"event": event, "step": step, "epoch": epoch, "lr": lr_at(max(step - 1, 0), cfg),
-               "train_loss": run["loss"] / max(1, run["batches"]), "train_vloss": run["vloss"] / c,
-               "train_ploss": run["ploss"] / c, "train_top1": run["correct"] / c, "train_tokens": run["count"]}
+               "train_loss": run["loss"] / run["batches"] if run["batches"] else None,
+               "train_vloss": run["vloss"] / c if c else None, "train_ploss": run["ploss"] / c if c else None,
+               "train_top1": run["correct"] / c if c else None, "train_tokens": c}
         v = evaluate(head, target, lm, val, cfg) if val else {}
         rec.update({f"val_{k}": x for k, x in v.items()})
         rec["elapsed_s"] = round(time.perf_counter() - t0, 2)
         with open(out / LOG, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(rec) + "\n")
         run = {"loss": 0.0, "vloss": 0.0, "ploss": 0.0, "correct": 0, "count": 0, "batches": 0}
-        log(f"[{event}] step {step} epoch {epoch}: train loss {rec['train_loss']:.4f} top1 {rec['train_top1']:.3f}"
+        log(f"[{event}] step {step} epoch {epoch}: "
+            + (f"train loss {rec['train_loss']:.4f} top1 {rec['train_top1']:.3f}" if c else "untrained")
             + (f" | val loss {rec['val_loss']:.4f} top1 {rec['val_top1']:.3f} ({rec['val_tokens']} tok)" if v else ""))
         return rec
 

@@ -1,0 +1,194 @@
+"""EAGLE head training pipeline on tiny targets: the batched training forward equals the inference
+head, left-padded batched generation equals vanilla greedy, training lowers the loss and raises
+top-1, the output loads back and stays lossless, resume continues exactly, bad input is refused."""
+import json
+import random
+
+import pytest
+import torch
+
+from respec.drafters.eagle2 import load_eagle_head, random_head
+from respec.errors import ConfigError, RespecError
+from respec.train.data import (Example, Prompt, ResponseStore, generate_responses, load_prompt_file,
+                               offline_texts, text_examples)
+from respec.train.pipeline import PipelineConfig, collect_prompts
+from respec.train.prompts import CATEGORIES, builtin_prompts
+from respec.train.trainer import (TrainConfig, collate, head_forward, make_head, target_features, train_eagle)
+from tests.conftest import make_target, run
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models are thread-overhead bound; one thread is ~50x faster on a busy 2-core box."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _prompts(n, seed=0):
+    rng = random.Random(seed)
+    return [Prompt(key=f"p{i}", category="synthetic",
+                   ids=tuple(rng.randrange(3, 128) for _ in range(rng.randint(4, 12)))) for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def llama_data(tmp_path_factory):
+    target = make_target("llama", seed=0)
+    store = ResponseStore(tmp_path_factory.mktemp("data"))
+    assert generate_responses(target, _prompts(96), store, max_new_tokens=32, batch_size=16, chunk_size=40,
+                              progress=False) == 96
+    return target, store
+
+
+def _log(out):
+    return [json.loads(l) for l in (out / "training_log.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_batched_training_forward_equals_inference_head(arch):
+    from transformers import DynamicCache
+    target = make_target(arch, seed=1)
+    head = make_head(target, seed=3, init_from_last_layer=(arch == "qwen2")).eval()
+    assert head.qkv_bias == (arch == "qwen2")
+    ids = torch.randint(3, 128, (3, 10), generator=torch.Generator().manual_seed(0))
+    feats = target_features(target, ids)
+    emb = target.embed(ids[:, 1:])
+    with torch.no_grad():
+        out = head_forward(head, emb, feats[:, :-1])
+        for b in range(3):
+            ref = head(emb[b], feats[b, :-1], torch.arange(9), DynamicCache(), None)
+            assert torch.allclose(out[b], ref, atol=1e-10), "Training forward must equal the inference head."
+
+
+def test_collate_masks_only_response_features():
+    ids, mask = collate([Example("a", (5, 6, 7, 8, 9), 3), Example("b", (5, 6, 7), 0)], max_len=16)
+    assert ids.tolist() == [[5, 6, 7, 8, 9], [5, 6, 7, 0, 0]]
+    # entry t covers the predicted feature f_{t+1}
+    assert mask.tolist() == [[False, False, True, True], [True, True, False, False]]
+
+
+def test_left_padded_batched_generation_equals_vanilla(llama_data):
+    target, store = llama_data
+    recs = store.records()
+    assert len(store.chunk_files()) == 2, "A chunk is written once >= 40 answers are pending (48 + 48)."
+    for r in recs[:6]:
+        want = run(target, "vanilla", r["prompt_ids"], max_new_tokens=32).tokens
+        assert r["response_ids"] == list(want)[:len(r["response_ids"])] and len(r["response_ids"]) >= min(len(want), 1)
+    # a rerun answers nothing twice; new prompts only
+    assert generate_responses(target, _prompts(96), store, max_new_tokens=32, batch_size=16,
+                              progress=False) == 0
+    assert generate_responses(target, _prompts(100), store, max_new_tokens=32, batch_size=16,
+                              progress=False) == 4
+    assert len(store.records()) == 100
+
+
+def test_training_lowers_loss_raises_top1_and_output_loads_back(llama_data, tmp_path):
+    target, store = llama_data
+    out = tmp_path / "head"
+    cfg = TrainConfig(steps=300, batch_size=8, lr=3e-3, warmup=20, eval_every=100, save_every=100,
+                      val_fraction=0.15, seed=0)
+    last = train_eagle(target, store.examples(), out, cfg, progress=False, log=lambda m: None)
+    log = _log(out)
+    init = log[0]
+    assert init["event"] == "init" and last["event"] == "final" and last["step"] == 300
+    assert {"epoch", "eval"} <= {r["event"] for r in log}
+    assert last["val_loss"] < 0.8 * init["val_loss"], "Validation loss must go down."
+    assert last["val_top1"] > init["val_top1"] + 0.2, "Validation top-1 must go up."
+    assert last["train_top1"] > 0.4
+    assert {"config.json", "model.safetensors", "checkpoint.pt"} <= {p.name for p in out.iterdir()}
+
+    head = load_eagle_head(out, target)
+    prompt = list(store.examples()[0].ids[:store.examples()[0].start])
+    vanilla = run(target, "vanilla", prompt, max_new_tokens=40)
+    trained = run(target, "eagle2", prompt, head=head, max_new_tokens=40)
+    assert trained.tokens == vanilla.tokens, "A trained head must stay lossless."
+    untrained = run(target, "eagle2", prompt, head=random_head(target, seed=0), max_new_tokens=40)
+    assert trained.stats.mean_accepted_length > untrained.stats.mean_accepted_length
+
+
+def test_resume_continues_exactly_from_the_saved_step(llama_data, tmp_path):
+    target, store = llama_data
+    ex = store.examples()
+    cfg = TrainConfig(steps=60, batch_size=8, lr=3e-3, warmup=5, eval_every=40, save_every=20, seed=1)
+    train_eagle(target, ex, tmp_path / "full", cfg, progress=False, log=lambda m: None)
+
+    class Crash(Exception):
+        pass
+
+    def crash_at_40(msg):
+        if "step 40" in msg:
+            raise Crash
+
+    with pytest.raises(Crash):          # interrupted after the step-20 checkpoint, before step 40's
+        train_eagle(target, ex, tmp_path / "cut", cfg, progress=False, log=crash_at_40)
+    assert torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=False)["step"] == 20
+    with pytest.raises(RespecError, match="--resume"):
+        train_eagle(target, ex, tmp_path / "cut", cfg, progress=False, log=lambda m: None)
+    last = train_eagle(target, ex, tmp_path / "cut", cfg, resume=True, progress=False, log=lambda m: None)
+    assert last["step"] == 60
+    a = torch.load(tmp_path / "full" / "checkpoint.pt", weights_only=False)["head"]
+    b = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=False)["head"]
+    assert all(torch.equal(a[k], b[k]) for k in a), "Resume must continue the same run exactly."
+    # extending a finished run
+    last = train_eagle(target, ex, tmp_path / "cut", TrainConfig(steps=70, eval_every=40, save_every=20),
+                       resume=True, progress=False, log=lambda m: None)
+    assert last["step"] == 70 and _log(tmp_path / "cut")[-1]["step"] == 70
+
+
+def test_bad_arguments_raise_clear_errors(llama_data, tmp_path):
+    target, store = llama_data
+    for bad in [dict(steps=0), dict(lr=-1.0), dict(lr=float("nan")), dict(batch_size=0), dict(val_fraction=0.9),
+                dict(v_weight=0.0, p_weight=0.0), dict(steps=2.5)]:
+        with pytest.raises(ConfigError):
+            TrainConfig(**bad).validate()
+    with pytest.raises(RespecError, match="cannot resume"):
+        train_eagle(target, store.examples(), tmp_path / "none", TrainConfig(steps=2), resume=True, progress=False)
+    with pytest.raises(RespecError, match="no training data"):
+        train_eagle(target, [Example("x", (5,), 0)], tmp_path / "o", TrainConfig(steps=2), progress=False)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(RespecError, match="not a directory"):
+        train_eagle(target, store.examples(), tmp_path / "file", TrainConfig(steps=2), progress=False)
+    with pytest.raises(RespecError, match="not found"):
+        PipelineConfig(prompts_files=[str(tmp_path / "missing.jsonl")]).validate()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"turns": ["ok"]}\n{"nope": 1}\n')
+    with pytest.raises(RespecError, match="bad.jsonl:2"):
+        load_prompt_file(bad)
+
+
+def test_cli_refuses_bad_arguments_before_loading_a_model(tmp_path, capsys):
+    from respec.cli import main
+    assert main(["train-eagle", "--out", str(tmp_path / "o"), "--steps", "0"]) == 2
+    assert "steps" in capsys.readouterr().err
+    assert main(["train-eagle", "--out", str(tmp_path / "o"), "--prompts-file", str(tmp_path / "nope")]) == 2
+    assert main(["train-eagle", "--out", str(tmp_path / "o"), "--resume"]) == 2
+    assert "cannot resume" in capsys.readouterr().err
+    assert main(["train-eagle", "--out", str(tmp_path / "o"), "--gen-max-new-tokens", "0"]) == 2
+
+
+def test_prompt_sets_and_sources(tmp_path):
+    items = builtin_prompts()
+    assert items == builtin_prompts() and len(items) > 500
+    assert {c for c, _ in items} == set(CATEGORIES)
+    f = tmp_path / "p.txt"
+    f.write_text("first prompt\n\nsecond prompt\n")
+    pc = PipelineConfig(spec_bench=None, prompts_files=[str(f)], max_prompts=12)
+    got = collect_prompts(pc)
+    assert len(got) == 12 and got[0].text == "first prompt" and got[6].text == "second prompt"
+    assert len({p.category for p in got}) == 6, "A cap keeps a mix of every source (round-robin)."
+    assert len({p.key for p in collect_prompts(PipelineConfig(spec_bench=None))}) == len(
+        collect_prompts(PipelineConfig(spec_bench=None)))
+
+
+def test_offline_text_is_packed_into_windows():
+    class CharTokenizer:
+        def __call__(self, text, add_special_tokens=False):
+            return {"input_ids": [3 + ord(c) % 120 for c in text]}
+
+    texts = offline_texts()
+    first = [next(texts) for _ in range(3)]
+    assert all(len(t) >= 200 for _, t in first)
+    ex = text_examples(CharTokenizer(), offline_texts(), max_tokens=5000, window=256, progress=False)
+    assert len(ex) == 19 and all(len(e.ids) == 256 and e.start == 0 for e in ex)
+    assert len({e.key for e in ex}) == len(ex)
