@@ -127,7 +127,10 @@ APP_KEYS = ("include_vanilla",)
 #: Presets: threshold overrides over the paper's values (EngineConfig's defaults); tree sizes stay
 #: at the device's defaults (respec.config.device_defaults) under every preset.
 PRESETS: dict[str, dict[str, Any]] = {
-    "paper defaults": {},
+    "device defaults": {},
+    "paper defaults": {"trigger.theta_entropy": 1.5, "trigger.window": 3, "trigger.lambda_e": 1.0,
+                       "candidates.min_match": 3, "candidates.l_max": 16, "candidates.top_k": 4,
+                       "candidates.s0": 0.5, "candidates.theta_score": 0.5, "candidates.alpha": 0.3},
     "lossless": {"relax.budget": 0, "sampling.temperature": 0.0},
     "aggressive": {"trigger.theta_entropy": 3.0, "candidates.theta_score": 0.3, "candidates.s0": 0.6,
                    "candidates.l_max": 32, "candidates.top_k": 8, "candidates.min_match": 2,
@@ -135,6 +138,8 @@ PRESETS: dict[str, dict[str, Any]] = {
                    "sam.len_threshold": 3},
 }
 PRESET_HELP = {
+    "device defaults": "The engine's defaults for this device (on CPU: small auto-pruned trees, θ_H 3, "
+                       "L_min 2, L_max 32, chosen by the dev-split sweep in BENCHMARKS.md).",
     "paper defaults": "The paper's thresholds (θ_H 1.5, S0 0.5, θ_score 0.5, α 0.3, β 5, τ 2, w 3, budget 2).",
     "lossless": "Relaxed budget 0 and greedy: ReSpec's output equals vanilla's token for token.",
     "aggressive": "Retrieve more often, draft longer, relax more: faster on repetitive text, may drift.",
@@ -245,7 +250,7 @@ def preset_values(name: str, device: str = "cpu", caps: Caps | None = None) -> d
 def non_default(values: Mapping[str, Any], device: str = "cpu", caps: Caps | None = None) -> dict[str, Any]:
     """The settings that differ from the app's defaults on this device: what a user pastes into
     `settings_json` to reproduce the page's settings."""
-    base = preset_values("paper defaults", device, caps)
+    base = preset_values("device defaults", device, caps)
     flat, _app = split_app_options(values)
     out = {k: v for k, v in flat.items() if k in base and not _num_eq(base[k], v)}
     for k, v in out.items():

@@ -116,7 +116,7 @@ def build_demo(hub: ModelHub | None = None, caps: Caps | None = None) -> gr.Bloc
     device = hub.device()
     if ZERO_GPU:                      # ZeroGPU wants models loaded at start-up (UX.md §5.3)
         hub.runner()
-    start = preset_values("paper defaults", device, caps)
+    start = preset_values("device defaults", device, caps)
     comps: dict[str, Any] = {}
 
     with gr.Blocks(title=TITLE, fill_width=True, analytics_enabled=False) as demo:
@@ -151,7 +151,7 @@ def build_demo(hub: ModelHub | None = None, caps: Caps | None = None) -> gr.Bloc
                     gr.Examples([[p] for p in examples], inputs=[comps["prompt"]], label="Example prompts")
                 with gr.Accordion("Settings — every threshold", open=False, elem_id="settings"):
                     with gr.Row():
-                        preset = gr.Radio(list(PRESETS), value="paper defaults", label="preset",
+                        preset = gr.Radio(list(PRESETS), value="device defaults", label="preset",
                                           info=" · ".join(f"{k}: {v}" for k, v in PRESET_HELP.items()),
                                           elem_id="preset")
                     controls: dict[str, gr.components.Component] = {}

@@ -54,7 +54,11 @@ def test_compare_returns_both_texts_traces_and_metrics(client):
 def test_empty_settings_mean_defaults(client):
     _, _, ta, _, _ = client.predict("w5 w6 w7", "{}", api_name="/compare")
     cfg = result_from_json(ta).config
-    assert cfg.max_new_tokens == CAPS.default_new_tokens and cfg.trigger.theta_entropy == 1.5
+    from respec.config import EngineConfig, device_defaults
+    want = EngineConfig().with_overrides(device_defaults("cpu"))
+    assert cfg.max_new_tokens == CAPS.default_new_tokens, "'{}' must mean the deployment's default length."
+    assert cfg.trigger == want.trigger and cfg.candidates == want.candidates, \
+        "'{}' must mean the engine's defaults for this device."
 
 
 @pytest.mark.parametrize("settings,needle", [

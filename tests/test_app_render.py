@@ -249,7 +249,7 @@ def test_settings_accept_aliases_nested_objects_and_device_defaults():
         vals = preset_values(name, "cpu", CAPS)
         assert set(vals) == {s.key for s in SPECS} | {"tree.auto"}
     assert preset_values("lossless", "cpu", CAPS)["relax.budget"] == 0
-    assert non_default({**preset_values("paper defaults", "cpu", CAPS), "trigger.theta_entropy": 2.0}, "cpu", CAPS) \
+    assert non_default({**preset_values("device defaults", "cpu", CAPS), "trigger.theta_entropy": 2.0}, "cpu", CAPS) \
         == {"trigger.theta_entropy": 2.0}
 
 
@@ -388,3 +388,11 @@ def test_model_picker_offers_only_models_that_fit(tmp_path):
     assert model_fits("default") and not model_fits(str(huge))
     hub = ModelHub(choices=["default", str(huge)], factory=lambda spec: None)
     assert hub.choices == ["default"], "A model too big for this machine must not be offered."
+
+
+def test_paper_preset_restores_the_papers_thresholds_over_device_defaults():
+    from app.settings import preset_values
+    paper = preset_values("paper defaults", "cpu", CAPS)
+    device = preset_values("device defaults", "cpu", CAPS)
+    assert paper["trigger.theta_entropy"] == 1.5 and paper["candidates.min_match"] == 3
+    assert device["trigger.theta_entropy"] == 3.0 and device["candidates.min_match"] == 2
