@@ -57,7 +57,7 @@ def test_tree_scores_equal_sequential_head_runs(arch, qkv):
 def test_expand_tree_keeps_best_nodes_ancestor_closed():
     V = 6
     # fake head: child log-probs depend only on depth, so the search is predictable
-    def step_fn(feats, tokens, depth, frontier, paths):
+    def step_fn(feats, tokens, depth, parent_slots):
         lp = torch.log_softmax(torch.arange(V, dtype=torch.float64).flip(0) * (depth + 1.0), -1)
         return feats, lp.expand(len(tokens), V)
     root_logp = torch.log_softmax(torch.tensor([3.0, 2.0, 1.0, 0.0, -1.0, -2.0]), -1)

@@ -154,9 +154,10 @@ def save_eagle_head(head: EagleHead, path: str | Path) -> None:
 
 
 # ---------------------------------------------------------------------------- the search
-#: step_fn(feats [k, H], tokens [k], depth i, frontier node ids [k], token paths from the root) ->
-#:     (out feats [k, H], log-probs of each node's children [k, V])
-StepFn = Callable[[torch.Tensor, torch.Tensor, int, torch.Tensor, list], tuple[torch.Tensor, torch.Tensor]]
+#: step_fn(feats [k, H], tokens [k], depth i, parent_slots [k] | None) -> (out feats [k, H],
+#:     log-probs of each node's children [k, V]). parent_slots[a] is the row, in the previous
+#:     call's batch, of frontier node a's parent (None at depth 0: every parent is the root).
+StepFn = Callable[[torch.Tensor, torch.Tensor, int, "torch.Tensor | None"], tuple[torch.Tensor, torch.Tensor]]
 
 
 @dataclass(frozen=True)
@@ -185,10 +186,10 @@ def expand_tree(step_fn: StepFn, root: int, root_feat: torch.Tensor, root_logp: 
     nodes = [_Node(int(t), float(s), -1) for s, t in zip(top.values.tolist(), top.indices.tolist())]
     frontier = list(range(k))
     feats = root_feat[None].expand(k, -1)                                     # [k, H]
+    parent_slots = None
     for i in range(cfg.depth):
         tokens = torch.tensor([nodes[j].token for j in frontier], dtype=torch.long)
-        paths = [_token_path(nodes, j) for j in frontier]
-        out, logp = step_fn(feats, tokens, i, torch.tensor(frontier), paths)  # [k', H], [k', V]
+        out, logp = step_fn(feats, tokens, i, parent_slots)                   # [k', H], [k', V]
         ct = torch.topk(logp.float(), k, dim=-1)                              # [k', k]
         base = torch.tensor([nodes[j].score for j in frontier])[:, None]
         cu = (ct.values.cpu().double() + base.double())                       # [k', k]
@@ -201,7 +202,8 @@ def expand_tree(step_fn: StepFn, root: int, root_feat: torch.Tensor, root_logp: 
         sel = torch.topk(cu.flatten(), min(k, cu.numel())).indices.tolist()
         sel.sort()
         frontier = [first + s for s in sel]
-        feats = out[torch.tensor([s // k for s in sel], device=out.device)]
+        parent_slots = torch.tensor([s // k for s in sel])                    # [k'']: row of each parent
+        feats = out[parent_slots.to(out.device)]
     order = sorted(range(len(nodes)), key=lambda j: (-nodes[j].score, j))[:budget]
     keep = sorted(order)
     index = {j: r + 1 for r, j in enumerate(keep)}
@@ -270,14 +272,6 @@ def choose_size(tree: DraftTree, curve: dict[int, float], kappa: float, draft_ms
             best_n, best_rate, best_gain = j + 2, rate, gain
     worth = best_gain / (interpolate_cost(curve, best_n) + draft_ms) / base
     return best_n, best_gain, worth
-
-
-def _token_path(nodes: list[_Node], j: int) -> tuple[int, ...]:
-    out = []
-    while j != -1:
-        out.append(nodes[j].token)
-        j = nodes[j].parent
-    return tuple(reversed(out))
 
 
 # ---------------------------------------------------------------------------- the drafter
@@ -365,33 +359,21 @@ class Eagle2Drafter:
         stable = self.kv_len
         dev = self.target.device
         dtype = self.target.dtype
-        # Tree-mask rows over the draft slots fed so far, per node id of expand_tree's numbering:
-        # layer-1 nodes are 0..k-1; at depth i the children of frontier slot a are numbered
-        # first + a*k + b (b = 0..k-1), in the order expand_tree creates them.
-        rows_of: dict[int, torch.Tensor] = {}
-        fed = {"slots": 0, "next_node": 0}
-        k = min(cfg.top_k, cfg.total_tokens - 1, logp.shape[-1])
+        # Tree-mask rows of the batch fed last, over every draft slot fed so far: a node sees its
+        # parent's row plus itself (EAGLE's tmask[parent_slots] ++ I).
+        last_rows = torch.zeros(0, 0, dtype=torch.bool)
 
-        def step_fn(feats: torch.Tensor, tokens: torch.Tensor, depth: int, frontier: torch.Tensor, paths):
+        def step_fn(feats: torch.Tensor, tokens: torch.Tensor, depth: int, parent_slots: torch.Tensor | None):
+            nonlocal last_rows
             kq = tokens.shape[0]
-            n_fed = fed["slots"]
-            if depth == 0:
-                prev = torch.zeros(kq, n_fed, dtype=torch.bool)
-                fed["next_node"] = k
-            else:
-                prev = torch.stack([rows_of[int(j)] for j in frontier.tolist()])            # [kq, n_fed]
-            rows = torch.cat([prev, torch.eye(kq, dtype=torch.bool)], dim=1)              # [kq, n_fed + kq]
-            allowed = torch.cat([torch.ones(kq, stable, dtype=torch.bool), rows], dim=1)
+            n_fed = last_rows.shape[1]
+            prev = torch.zeros(kq, n_fed, dtype=torch.bool) if parent_slots is None else last_rows[parent_slots]
+            last_rows = torch.cat([prev, torch.eye(kq, dtype=torch.bool)], dim=1)       # [kq, n_fed + kq]
+            allowed = torch.cat([torch.ones(kq, stable, dtype=torch.bool), last_rows], dim=1)
             mask = torch.zeros(1, 1, kq, stable + n_fed + kq, dtype=dtype)
             mask = mask.masked_fill(~allowed, torch.finfo(dtype).min).to(dev)             # [1, 1, kq, kv]
             pos = torch.full((kq,), stable + depth, dtype=torch.long, device=dev)
             out = self.head(self.target.embed(tokens.to(dev)), feats, pos, self.cache, mask)  # [kq, H]
-            fed["slots"] = n_fed + kq
-            first = fed["next_node"]
-            for a in range(kq):
-                for b in range(k):
-                    rows_of[first + a * k + b] = rows[a]
-            fed["next_node"] = first + kq * k
             return out, torch.log_softmax(self.target.lm_head(out).float(), dim=-1)       # [kq, V]
 
         try:
