@@ -22,7 +22,7 @@ from respec.errors import PromptError
 from respec.models.base import TargetModel
 from respec.sampling import entropy, probs_from_logits, sample
 from respec.trace import GenerationResult, StepTrace
-from respec.verify import verify_greedy, verify_sampling
+from respec.verify import node_target_stats, verify_greedy, verify_sampling
 
 
 def _sync(device: torch.device) -> None:
@@ -39,12 +39,8 @@ def _margins(logits: torch.Tensor) -> list[float]:
 def _node_ranks_probs(tree, logits: torch.Tensor) -> tuple[tuple[int, ...], tuple[float, ...]]:
     """For every node i > 0: the rank (1 = top-1) and probability of its token under the target's
     distribution after its parent. logits: [n + 1, V]. The root gets rank 0 and probability 1."""
-    parents = torch.tensor([max(p, 0) for p in tree.parents], device=logits.device)
-    z = logits[parents]                                                         # [n + 1, V]
-    tok = torch.tensor(tree.tokens, device=logits.device)
-    zd = z.gather(1, tok[:, None])[:, 0]                                        # [n + 1]
-    ranks = ((z > zd[:, None]).sum(-1) + 1).tolist()
-    probs = torch.exp(zd - torch.logsumexp(z, dim=-1)).tolist()
+    ranks, _, logprobs = node_target_stats(tree, logits)
+    ranks, probs = ranks.tolist(), logprobs.exp().tolist()
     ranks[0], probs[0] = 0, 1.0
     return tuple(int(r) for r in ranks), tuple(float(p) for p in probs)
 

@@ -53,6 +53,21 @@ class Verdict:
                    node_status=tuple(d["node_status"]), num_relaxed=int(d.get("num_relaxed", 0)))
 
 
+def node_target_stats(tree: DraftTree, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """How the target rates each node's token, from the logits of the node's parent.
+    logits: [n + 1, vocab]. Returns ranks [n + 1] (1 = the target's top-1), gaps [n + 1] (top-1
+    logit minus the token's logit, which equals the log-prob gap) and log-probs [n + 1]. Row 0 (the
+    root) is rated against its own logits and carries no meaning."""
+    parents = torch.tensor([max(p, 0) for p in tree.parents], dtype=torch.long, device=logits.device)
+    tok = torch.tensor(tree.tokens, dtype=torch.long, device=logits.device)
+    z = logits[parents]                                                    # [n + 1, V]: row i predicts node i
+    zd = z.gather(1, tok[:, None])[:, 0]                                   # logit of each node's token
+    ranks = (z > zd[:, None]).sum(-1) + 1
+    gaps = z.max(-1).values - zd
+    logprobs = zd - torch.logsumexp(z, dim=-1)
+    return ranks, gaps, logprobs
+
+
 def verify_greedy(tree: DraftTree, logits: torch.Tensor, relax: RelaxConfig | None = None,
                   no_relax_ids: frozenset[int] = frozenset()) -> Verdict:
     """Greedy verification: strict everywhere, or source-aware relaxed when `relax` is given with a
@@ -152,12 +167,7 @@ def verify_relaxed(tree: DraftTree, logits: torch.Tensor, relax: RelaxConfig,
     top1_list = top1.tolist()
     tokens = tree.tokens
     n = tree.size
-    tok_t = torch.tensor(tokens, dtype=torch.long, device=logits.device)
-    parents = torch.tensor([max(p, 0) for p in tree.parents], dtype=torch.long, device=logits.device)
-    z = logits[parents]                                                    # [n + 1, V]: row i predicts node i
-    zd = z.gather(1, tok_t[:, None])[:, 0]                                 # logit of each node's token
-    rank = (z > zd[:, None]).sum(-1) + 1                                   # 1 = top-1
-    gap = (z.max(-1).values - zd)                                          # logit gap == log-prob gap
+    rank, gap, _ = node_target_stats(tree, logits)
     strict = [tokens[i] == top1_list[tree.parents[i]] for i in range(n)]
     strict[0] = True
     plausible = [False] * n
