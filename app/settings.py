@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from respec.config import ALIASES, IMPLEMENTED_METHODS, EngineConfig, device_defaults
+from respec.config import IMPLEMENTED_METHODS, EngineConfig, device_defaults, flatten_settings
 from respec.errors import ConfigError
 
 
@@ -159,20 +159,6 @@ def method_label(method: str) -> str:
 
 
 # ------------------------------------------------------------------------------- values <-> config
-def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"tree": {"depth": 4}, "theta_H": 1} -> {"tree.depth": 4, "trigger.theta_entropy": 1}."""
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        if not isinstance(key, str):
-            raise ConfigError(f"setting names must be strings, got {key!r}")
-        if isinstance(value, Mapping):
-            out.update(flatten(value, f"{prefix}{key}."))
-        else:
-            full = f"{prefix}{key}"
-            out[ALIASES.get(full, full)] = value
-    return out
-
-
 def parse_settings_json(text: str | None) -> dict[str, Any]:
     """Settings JSON (API) -> flat dict. Empty / "{}" means defaults. Raises ConfigError."""
     if text is None or not str(text).strip():
@@ -183,7 +169,7 @@ def parse_settings_json(text: str | None) -> dict[str, Any]:
         raise ConfigError(f"settings_json is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
     if not isinstance(data, Mapping):
         raise ConfigError(f"settings_json must be a JSON object like {{\"theta_H\": 1.5}}, got {type(data).__name__}")
-    return flatten(data)
+    return flatten_settings(data)
 
 
 def _as_bool(key: str, value: Any) -> bool:
@@ -198,7 +184,7 @@ def _as_bool(key: str, value: Any) -> bool:
 
 def split_app_options(values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Separate app-level keys (include_vanilla) from EngineConfig keys."""
-    flat = flatten(values)
+    flat = flatten_settings(values)
     flat.pop("method", None)            # the page chooses each column's method
     app = {k: _as_bool(k, flat.pop(k)) for k in APP_KEYS if k in flat}
     return flat, app
@@ -243,7 +229,7 @@ def preset_values(name: str, device: str = "cpu", caps: Caps | None = None) -> d
         raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
     caps = caps or Caps.from_env()
     config = build_config(PRESETS[name], "eagle2", device, caps)
-    flat = flatten(config.to_dict())
+    flat = flatten_settings(config.to_dict())
     return {k: flat[k] for k in [s.key for s in SPECS] + ["tree.auto"]}
 
 

@@ -203,7 +203,7 @@ class EngineConfig:
         """Build from plain JSON types; unknown keys raise ConfigError (typos must not pass)."""
         if not isinstance(data, Mapping):
             raise ConfigError(f"settings must be a JSON object, got {type(data).__name__}")
-        return cls().with_overrides(_flatten(data))
+        return cls().with_overrides(flatten_settings(data))
 
     def with_overrides(self, overrides: Mapping[str, Any]) -> EngineConfig:
         """Return a copy with dotted keys replaced, e.g. {"tree.total_tokens": 12, "method": "sam"}.
@@ -245,15 +245,18 @@ def device_defaults(device_type: str) -> dict[str, Any]:
             "trigger.theta_entropy": 3.0, "candidates.min_match": 2, "candidates.l_max": 32}
 
 
-def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten_settings(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested settings -> dotted keys, aliases resolved:
+    {"tree": {"depth": 4}, "theta_H": 1} -> {"tree.depth": 4, "trigger.theta_entropy": 1}."""
     out: dict[str, Any] = {}
     for key, value in data.items():
         if not isinstance(key, str):
             raise ConfigError(f"setting names must be strings, got {key!r}")
         if isinstance(value, Mapping):
-            out.update(_flatten(value, f"{prefix}{key}."))
+            out.update(flatten_settings(value, f"{prefix}{key}."))
         else:
-            out[f"{prefix}{key}"] = value
+            full = f"{prefix}{key}"
+            out[ALIASES.get(full, full)] = value
     return out
 
 
