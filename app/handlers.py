@@ -149,12 +149,7 @@ class ModelHub:
 def _default_factory(spec: str):
     from respec.models import load_target
     from respec.runner import Runner
-    runner = Runner(load_target(spec))
-    # tree.auto measures the target's verify-cost curve on first use (seconds on a CPU); do it
-    # now, so it is not billed to whichever method happens to run first.
-    if hasattr(runner.target, "verify_cost_curve"):
-        runner.target.verify_cost_curve(max_size=runner.config().tree.total_tokens)
-    return runner
+    return Runner(load_target(spec))   # Runner.engine measures tree.auto's cost curve outside run timing
 
 
 # ------------------------------------------------------------------------------- one run, streamed

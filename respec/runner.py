@@ -9,6 +9,7 @@ and `head_info` says which.
 """
 from __future__ import annotations
 
+import functools
 import platform
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -49,21 +50,19 @@ class Runner:
         base = EngineConfig().with_overrides(device_defaults(self.target.device.type))
         return base.with_overrides(dict(overrides or {}))
 
-    @property
+    @functools.cached_property
     def no_relax_ids(self) -> frozenset[int]:
         """Tokens the relaxed rule never accepts or overrides: special tokens and digit-only tokens."""
-        if not hasattr(self, "_no_relax"):
-            ids = set(self.target.eos_token_ids)
-            tok = self.tokenizer
-            if tok is not None:
-                ids.update(int(i) for i in tok.all_special_ids)
-                pieces = tok.convert_ids_to_tokens(list(range(len(tok))))
-                for i, p in enumerate(pieces):
-                    text = (p or "").lstrip("Ġ▁ ")
-                    if text and text.isdigit():
-                        ids.add(i)
-            self._no_relax = frozenset(ids)
-        return self._no_relax
+        ids = set(self.target.eos_token_ids)
+        tok = self.tokenizer
+        if tok is not None:
+            ids.update(int(i) for i in tok.all_special_ids)
+            pieces = tok.convert_ids_to_tokens(list(range(len(tok))))
+            for i, p in enumerate(pieces):
+                text = (p or "").lstrip("Ġ▁ ")
+                if text and text.isdigit():
+                    ids.add(i)
+        return frozenset(ids)
 
     def engine(self, config: EngineConfig) -> Engine:
         if config.tree.auto and config.method != "vanilla" and hasattr(self.target, "verify_cost_curve"):
