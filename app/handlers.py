@@ -30,7 +30,7 @@ from app.render import TableDecoder, TokenizerDecoder
 from app.settings import Caps, build_config, method_label, parse_settings_json, respec_method, split_app_options
 from app.state import RUN_KEYS, Run, SessionState, run_key_for
 from app.text import EMPTY_HINT
-from respec.errors import ConfigError, PromptError, RespecError, TraceFormatError
+from respec.errors import ConfigError, ModelLoadError, PromptError, RespecError, TraceFormatError
 from respec.trace import GenerationResult, result_from_json, result_to_json, validate_result
 
 log = logging.getLogger("respec.app")
@@ -100,6 +100,7 @@ class ModelHub:
         self._load_lock = threading.Lock()
         self._step_lock = threading.Lock()
         self._owner = 0
+        self.load_error: str | None = None     # why the last load failed (shared: it is the model's state)
 
     def begin_run(self) -> int:
         """Start a run: it owns the target from now on (older runs stop at their next step)."""
@@ -126,11 +127,25 @@ class ModelHub:
             if self._runner is None or self._runner_spec != spec:
                 self._runner = None                      # free the old model before loading another
                 t0 = time.perf_counter()
-                self._runner = self._factory(spec)
+                try:
+                    self._runner = self._factory(spec)
+                except Exception as exc:  # noqa: BLE001 - any load failure leaves the app in replay mode
+                    self.load_error = _load_failure(spec, exc)
+                    log.warning("model %s failed to load: %s", spec, self.load_error, exc_info=not isinstance(exc, RespecError))
+                    raise ModelLoadError(self.load_error) from None
                 self._runner_spec = spec
+                self.load_error = None
                 log.info("loaded model %s in %.1f s (EAGLE head: %s)", spec, time.perf_counter() - t0,
                          getattr(self._runner, "head_info", "?"))
             return self._runner
+
+    def banner(self) -> str:
+        """The page banner while the model cannot be loaded ("" when all is well)."""
+        if not self.load_error:
+            return ""
+        return (f"⚠ **The model could not be loaded**: {self.load_error}  \n"
+                "The explorer is in **replay mode**: open a recorded trace or upload one under "
+                "*Trace files*. Run tries loading the model again.")
 
     @property
     def tokenizer(self):
@@ -144,6 +159,13 @@ class ModelHub:
             return "cuda" if torch.cuda.is_available() else "cpu"
         except Exception:  # noqa: BLE001 - torch missing means CPU
             return "cpu"
+
+
+def _load_failure(spec: str, exc: BaseException) -> str:
+    """One line naming the model and the cause (our message as is; others with their type)."""
+    msg = str(exc) if isinstance(exc, RespecError) else f"{type(exc).__name__}: {exc}"
+    msg = " ".join(msg.split())[:500]
+    return msg if spec in msg else f"{spec}: {msg}"
 
 
 def _default_factory(spec: str):
@@ -169,13 +191,13 @@ def assemble(engine, prompt_ids: Sequence[int], steps: Sequence, engine_s: float
     return result
 
 
-def stream_run(runner, prompt: str, config, advance: Callable | None = None
+def stream_run(runner, prompt: str, config, advance: Callable | None = None, max_prompt_tokens: int | None = None
                ) -> Iterator[tuple[GenerationResult, bool]]:
     """Run one method, yielding (partial result, False) after every target forward and finally
     (complete result with metadata, True). `advance(steps_iter)` pulls one step (default: next;
     the app passes ModelHub.next_step). Raises RespecError for a bad prompt."""
     advance = advance or next
-    engine, ids, steps_iter = runner.stream(prompt, config)
+    engine, ids, steps_iter = runner.stream(prompt, config, max_prompt_tokens=max_prompt_tokens)
     steps: list = []
     engine_s = 0.0
     try:
@@ -411,9 +433,13 @@ def _compare_stream(hub: ModelHub, caps: Caps, prompt: str, values: Mapping[str,
         yield _warn("The prompt is empty: type some text first.")
         return
     try:
+        caps.check_prompt(prompt)
         device = hub.device()
         plan = plan_methods(include_vanilla)
         configs = {key: build_config(values, method, device, caps) for key, method in plan}
+    except PromptError as exc:
+        yield _warn(str(exc))
+        return
     except RespecError as exc:
         yield _warn(f"Bad settings: {exc}")
         return
@@ -423,7 +449,7 @@ def _compare_stream(hub: ModelHub, caps: Caps, prompt: str, values: Mapping[str,
     try:
         runner = hub.runner(model)
     except RespecError as exc:
-        yield _warn(f"Could not load the model: {exc}")
+        yield _warn(f"Could not load the model: {exc}") | banner_update(hub)
         return
     # 3. Each method in turn; the shared target allows one run at a time.
     state.clear()
@@ -431,7 +457,8 @@ def _compare_stream(hub: ModelHub, caps: Caps, prompt: str, values: Mapping[str,
     note = fallback_note()
     cleared = {f"{k}_out": [] for k in RUN_KEYS} | {f"{k}_live": "" for k in RUN_KEYS}
     cleared.update({f"{k}_header": column_header(k) for k in RUN_KEYS})
-    yield cleared | _visible_vanilla(include_vanilla) | {"status": "▶ running…" + (f" ({note})" if note else "")}
+    yield (cleared | _visible_vanilla(include_vanilla) | banner_update(hub)
+           | {"status": "▶ running…" + (f" ({note})" if note else "")})
     run_id = hub.begin_run()
     advance = functools.partial(hub.next_step, run_id)
     for key, method in plan:
@@ -439,7 +466,8 @@ def _compare_stream(hub: ModelHub, caps: Caps, prompt: str, values: Mapping[str,
         last = 0.0
         label = method_label(method)
         try:
-            for partial, done in stream_run(runner, parse_prompt(prompt), configs[key], advance):
+            for partial, done in stream_run(runner, parse_prompt(prompt), configs[key], advance,
+                                            caps.max_prompt_tokens):
                 if done:
                     state.put(key, finish_run(partial, decoder))
                     break
@@ -471,6 +499,12 @@ def _compare_stream(hub: ModelHub, caps: Caps, prompt: str, values: Mapping[str,
     yield out
 
 
+def banner_update(hub: ModelHub) -> dict[str, Any]:
+    """Show the replay-mode banner while the model cannot be loaded, hide it otherwise."""
+    text = hub.banner()
+    return {"banner": _visible(text, bool(text))}
+
+
 def _visible_vanilla(include: bool) -> dict[str, Any]:
     import gradio as gr
     return {"vanilla_col": gr.update(visible=include)}
@@ -483,6 +517,7 @@ def compare_api(hub: ModelHub, caps: Caps, prompt: str, settings_json: str = "{}
     Raises RespecError (the caller turns it into gr.Error) for bad input."""
     if not isinstance(prompt, str) or not prompt.strip():
         raise PromptError("The prompt is empty: type some text first.")
+    caps.check_prompt(prompt)
     flat = parse_settings_json(settings_json)
     _, app = split_app_options(flat)
     device = hub.device()
@@ -493,7 +528,7 @@ def compare_api(hub: ModelHub, caps: Caps, prompt: str, settings_json: str = "{}
     advance = functools.partial(hub.next_step, hub.begin_run())
     for key, _method in plan:
         decoder = TokenizerDecoder(runner.tokenizer)
-        for partial, done in stream_run(runner, parse_prompt(prompt), configs[key], advance):
+        for partial, done in stream_run(runner, parse_prompt(prompt), configs[key], advance, caps.max_prompt_tokens):
             if done:
                 results[key] = finish_run(partial, decoder).result
     vanilla = results.get("vanilla")
@@ -506,6 +541,20 @@ def compare_api(hub: ModelHub, caps: Caps, prompt: str, settings_json: str = "{}
     if vanilla is not None:
         metrics["comparison"]["equal_to_vanilla"] = {k: r.tokens == vanilla.tokens for k, r in results.items()}
     return a.text, b.text, result_to_json(a), result_to_json(b), json.dumps(metrics, allow_nan=False, default=_json_default)
+
+
+def replay_api(trace_json: str) -> tuple[str, str]:
+    """`/replay`: check a trace file's text and summarise it: (text, metrics JSON with the method,
+    settings and step count). No model is needed. Raises TraceFormatError for a malformed trace."""
+    if not isinstance(trace_json, str) or not trace_json.strip():
+        raise TraceFormatError("the trace is empty: pass the text of a trace JSON file")
+    if len(trace_json.encode("utf-8", errors="surrogatepass")) > MAX_TRACE_BYTES:
+        raise TraceFormatError(f"the trace is larger than {MAX_TRACE_BYTES // 2**20} MB")
+    result = result_from_json(trace_json)
+    metrics = render.run_metrics(result)
+    metrics["settings"] = result.config.to_dict()
+    metrics["prompt_tokens"] = len(result.prompt_tokens)
+    return result.text, json.dumps(metrics, allow_nan=False, default=_json_default)
 
 
 def _json_default(x):

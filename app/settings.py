@@ -14,12 +14,13 @@ Letters follow ALGORITHMS.md: θ_H (trigger.theta_entropy), l, λ_e, α, S0, θ_
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from respec.config import IMPLEMENTED_METHODS, EngineConfig, device_defaults, flatten_settings
-from respec.errors import ConfigError
+from respec.errors import ConfigError, PromptError
 
 
 # ------------------------------------------------------------------------------- deployment caps
@@ -30,6 +31,7 @@ def _env_int(name: str, default: int) -> int:
     try:
         return max(1, int(raw))
     except ValueError:
+        logging.getLogger("respec.app").warning("%s=%r is not an integer; using %d", name, raw, default)
         return default
 
 
@@ -41,13 +43,29 @@ class Caps:
     max_tree_tokens: int         # RESPEC_MAX_TREE_TOKENS: cap on any draft tree / chain size
     time_limit_s: int            # RESPEC_TIME_LIMIT: per-event time limit (seconds)
     queue_size: int              # RESPEC_QUEUE_SIZE: waiting requests before "queue full"
+    max_prompt_chars: int = 20_000   # RESPEC_MAX_PROMPT_CHARS: longer prompts are refused before tokenizing
+    max_prompt_tokens: int = 2048    # RESPEC_MAX_PROMPT_TOKENS: cap on the encoded prompt (chat template included)
 
     @classmethod
     def from_env(cls) -> Caps:
         cap = _env_int("RESPEC_MAX_NEW_TOKENS", 512)
         return cls(max_new_tokens=cap, default_new_tokens=min(cap, _env_int("RESPEC_DEFAULT_NEW_TOKENS", 64)),
                    max_tree_tokens=_env_int("RESPEC_MAX_TREE_TOKENS", 128),
-                   time_limit_s=_env_int("RESPEC_TIME_LIMIT", 600), queue_size=_env_int("RESPEC_QUEUE_SIZE", 16))
+                   time_limit_s=_env_int("RESPEC_TIME_LIMIT", 600), queue_size=_env_int("RESPEC_QUEUE_SIZE", 16),
+                   max_prompt_chars=_env_int("RESPEC_MAX_PROMPT_CHARS", 20_000),
+                   max_prompt_tokens=_env_int("RESPEC_MAX_PROMPT_TOKENS", 2048))
+
+    def check_prompt(self, prompt: Any) -> None:
+        """Refuse a prompt longer than this deployment allows, before any work (PromptError)."""
+        if isinstance(prompt, str):
+            n = len(prompt)
+        elif isinstance(prompt, (list, tuple)):
+            n = sum(len(m.get("content", "")) for m in prompt if isinstance(m, dict) and isinstance(m.get("content"), str))
+        else:
+            return
+        if n > self.max_prompt_chars:
+            raise PromptError(f"The prompt is {n:,} characters long; this deployment takes at most "
+                              f"{self.max_prompt_chars:,} (RESPEC_MAX_PROMPT_CHARS).")
 
 
 # ------------------------------------------------------------------------------- controls
@@ -169,7 +187,11 @@ def parse_settings_json(text: str | None) -> dict[str, Any]:
         raise ConfigError(f"settings_json is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
     if not isinstance(data, Mapping):
         raise ConfigError(f"settings_json must be a JSON object like {{\"theta_H\": 1.5}}, got {type(data).__name__}")
-    return flatten_settings(data)
+    flat = flatten_settings(data)
+    if "method" in flat:
+        raise ConfigError("settings_json cannot choose the method: /compare always runs ReSpec and EAGLE-2 "
+                          "(and vanilla with \"include_vanilla\": true)")
+    return flat
 
 
 def _as_bool(key: str, value: Any) -> bool:

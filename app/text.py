@@ -93,6 +93,13 @@ method. Settings accept dotted keys (`"tree.total_tokens": 12`), nested objects,
 `tau`, `w`, `budget`, `auto` (EAGLE-2 tree auto-pruning), plus `"include_vanilla": true`.
 Defaults are the paper's thresholds with the engine's device defaults for tree sizes.
 Out-of-range values come back as an error naming the setting and its range.
+
+`/replay` checks a saved trace and summarises it without running the model:
+```python
+text, metrics = client.predict(open("respec-trace.json").read(), api_name="/replay")
+```
+A malformed trace (truncated, from a newer version, or inconsistent) comes back as an error that
+says what is wrong.
 """
 
 STEP_HELP = ("Pick a run and a step (one target forward). The tree shows every drafted node: colour = who "

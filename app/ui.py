@@ -42,6 +42,7 @@ CSS = """
 .respec-badge.differ { border-left: 6px solid #D55E00; }
 .respec-badge .vanilla { font-weight: 400; opacity: 0.8; }
 #status { min-height: 1.6em; }
+#model-banner { border-left: 4px solid #d97706; background: #fffbeb; color: #78350f; padding: .4em .9em; border-radius: 4px; }
 .live-line { font-size: 0.85em; opacity: 0.8; min-height: 1.2em; }
 .dark .gradio-container .respec-badge { color: var(--body-text-color); }
 .token-strip .textfield { word-break: normal !important; line-height: 1.9 !important; }
@@ -123,6 +124,7 @@ def build_demo(hub: ModelHub | None = None, caps: Caps | None = None) -> gr.Bloc
         state = gr.State(SessionState(), delete_callback=_delete_session)
         comps["state"] = state
         gr.Markdown(INTRO)
+        comps["banner"] = gr.Markdown("", visible=False, elem_id="model-banner")
         with gr.Row(equal_height=True):
             comps["status"] = gr.Markdown(EMPTY_HINT, elem_id="status")
             teaching = gr.Checkbox(False, label="teaching mode (narrate each step)", elem_id="teaching",
@@ -329,9 +331,10 @@ def build_demo(hub: ModelHub | None = None, caps: Caps | None = None) -> gr.Bloc
                       [upload, show_rejected, teaching, state], all_outputs, api_visibility="private")
 
         def on_load(st):
+            out = handlers.banner_update(hub)
             if recorded and isinstance(st, SessionState) and not st.runs:
-                return handlers.open_recorded(hub, recorded[0][1], False, False, st)
-            return {}
+                out.update(handlers.open_recorded(hub, recorded[0][1], False, False, st))
+            return out
         demo.load(_bind(on_load, comps), [state], all_outputs, api_visibility="private")
         demo.load(None, js=CLICK_JS)
 
@@ -350,6 +353,18 @@ def build_demo(hub: ModelHub | None = None, caps: Caps | None = None) -> gr.Bloc
         # gr.api reads the signature's annotations as objects (this module postpones them as strings)
         compare.__annotations__ = {"prompt": str, "settings_json": str, "return": tuple[str, str, str, str, str]}
         gr.api(compare, api_name="compare", concurrency_id="gpu", concurrency_limit=1, time_limit=caps.time_limit_s)
+
+        def replay(trace_json: str) -> tuple[str, str]:
+            """Check and summarise a trace file (no model needed).
+
+            Returns (the trace's generated text, metrics JSON). trace_json: the text of a trace file."""
+            try:
+                return handlers.replay_api(trace_json)
+            except RespecError as exc:
+                raise gr.Error(str(exc), print_exception=False) from None
+
+        replay.__annotations__ = {"trace_json": str, "return": tuple[str, str]}
+        gr.api(replay, api_name="replay", concurrency_limit=4)
 
     demo.queue(default_concurrency_limit=1, max_size=caps.queue_size)
     return demo

@@ -44,8 +44,9 @@ def cmd_generate(args) -> int:
     from respec.runner import Runner, parse_methods
     from respec.trace import result_to_json
 
-    if not args.prompt or not args.prompt.strip():
-        raise RespecError("the prompt is empty")
+    from respec.models.loading import prompt_messages
+
+    prompt_messages(args.prompt)                      # prompt, method and settings fail before the model loads
     parse_methods(args.method)
     overrides = _overrides(args)
     runner = Runner(load_target(args.model, device=args.device, dtype=args.dtype), head=args.head)

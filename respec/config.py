@@ -36,48 +36,74 @@ MAX_NEW_TOKENS_CAP = 8192
 MAX_TREE_TOKENS_CAP = 512
 
 
-def _check_range(obj: object, name: str, lo: float | None, hi: float | None, *,
-                 integer: bool = False, allow_none: bool = False) -> None:
+@dataclass(frozen=True)
+class Range:
+    """The allowed values of one numeric setting: [lo, hi], integers only if `integer`, None
+    allowed (meaning "off") if `allow_none`. Declared on each field (`_ranged`), so validation,
+    `setting_ranges()` and the tests' bad-input matrix all read one table."""
+    lo: float
+    hi: float
+    integer: bool = False
+    allow_none: bool = False
+
+    def text(self) -> str:
+        return f"[{self.lo}, {self.hi}]"
+
+
+def _ranged(default: Any, lo: float, hi: float, *, integer: bool = False, allow_none: bool = False):
+    """A dataclass field whose value must lie in [lo, hi] (checked by `_validate_ranges`)."""
+    return field(default=default, metadata={"range": Range(lo, hi, integer, allow_none)})
+
+
+def _validate_ranges(obj: object) -> None:
+    """Check every `_ranged` field of `obj`; integral floats of integer fields become ints."""
+    for f in dataclasses.fields(obj):
+        rng = f.metadata.get("range")
+        if rng is not None:
+            _check_range(obj, f.name, rng)
+
+
+def _check_range(obj: object, name: str, rng: Range) -> None:
     value = getattr(obj, name)
     label = f"{type(obj).__name__}.{name}"
     if value is None:
-        if allow_none:
+        if rng.allow_none:
             return
         raise ConfigError(f"{label} must be set, got None")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"{label} must be a number, got {value!r}")
-    if integer and not float(value).is_integer():
-        raise ConfigError(f"{label} must be an integer, got {value!r}")
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"{label} must be finite, got {value!r}")
-    rng = f"[{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}]"
-    if (lo is not None and value < lo) or (hi is not None and value > hi):
-        raise ConfigError(f"{label} must be in {rng}, got {value!r}")
-    if integer and not isinstance(value, int):
+    if rng.integer and not float(value).is_integer():
+        raise ConfigError(f"{label} must be an integer, got {value!r}")
+    if value < rng.lo or value > rng.hi:
+        raise ConfigError(f"{label} must be in {rng.text()}, got {value!r}")
+    if rng.integer and not isinstance(value, int):
         object.__setattr__(obj, name, int(value))
 
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    temperature: float = 0.0     # 0 = greedy (strict verification); > 0 = lossless speculative sampling
-    top_k: int | None = None     # restrict sampling to the k most likely tokens (None = off)
-    top_p: float | None = None   # nucleus sampling mass (None = off)
-    seed: int = 0                # one torch.Generator per run is built from this; never reseeded
+    # 0 = greedy (strict verification); > 0 = lossless speculative sampling
+    temperature: float = _ranged(0.0, 0.0, 10.0)
+    # restrict sampling to the k most likely tokens (None = off)
+    top_k: int | None = _ranged(None, 1, 1_000_000, integer=True, allow_none=True)
+    top_p: float | None = _ranged(None, 1e-6, 1.0, allow_none=True)  # nucleus sampling mass (None = off)
+    # one torch.Generator per run is built from this; never reseeded
+    seed: int = _ranged(0, 0, 2**63 - 1, integer=True)
 
     def __post_init__(self) -> None:
-        _check_range(self, "temperature", 0.0, 10.0)
-        _check_range(self, "top_k", 1, 1_000_000, integer=True, allow_none=True)
-        _check_range(self, "top_p", 1e-6, 1.0, allow_none=True)
-        _check_range(self, "seed", 0, 2**63 - 1, integer=True)
+        _validate_ranges(self)
 
 
 @dataclass(frozen=True)
 class TreeConfig:
     """EAGLE-2 dynamic tree (ALGORITHMS §4.3). Paper values 60/5/10 suit a GPU; a 2-core CPU wants
     8-16 nodes (verifying 16 tokens costs about one decode step there)."""
-    top_k: int = 10              # children per frontier node, and frontier width
-    depth: int = 5               # expansion rounds; max draft depth = depth + 1
-    total_tokens: int = 60       # root + (total_tokens - 1) draft nodes kept by the global re-rank
+    top_k: int = _ranged(10, 1, 64, integer=True)  # children per frontier node, and frontier width
+    depth: int = _ranged(5, 0, 32, integer=True)  # expansion rounds; max draft depth = depth + 1
+    # root + (total_tokens - 1) draft nodes kept by the global re-rank
+    total_tokens: int = _ranged(60, 1, MAX_TREE_TOKENS_CAP, integer=True)
     auto: bool = False           # per step, keep only as many nodes as maximise expected tokens per
                                  # second (measured verify-cost curve x the head's calibrated
                                  # confidence), down to no draft; total_tokens is then the maximum
@@ -88,72 +114,58 @@ class TreeConfig:
                 object.__setattr__(self, "auto", bool(self.auto))
             else:
                 raise ConfigError(f"TreeConfig.auto must be true or false, got {self.auto!r}")
-        _check_range(self, "top_k", 1, 64, integer=True)
-        _check_range(self, "depth", 0, 32, integer=True)
-        _check_range(self, "total_tokens", 1, MAX_TREE_TOKENS_CAP, integer=True)
+        _validate_ranges(self)
 
 
 @dataclass(frozen=True)
 class SamConfig:
     """SAM-Decoding baseline (ALGORITHMS §3.4): retrieval chain when the dynamic suffix-automaton
     match is at least `len_threshold`, else the EAGLE-2 tree."""
-    n_predicts: int = 40         # max chain length (draft tokens after the root)
-    len_threshold: int = 5       # minimum match length to draft by retrieval
+    # max chain length (draft tokens after the root)
+    n_predicts: int = _ranged(40, 1, MAX_TREE_TOKENS_CAP - 1, integer=True)
+    len_threshold: int = _ranged(5, 1, 1024, integer=True)  # minimum match length to draft by retrieval
 
     def __post_init__(self) -> None:
-        _check_range(self, "n_predicts", 1, MAX_TREE_TOKENS_CAP - 1, integer=True)
-        _check_range(self, "len_threshold", 1, 1024, integer=True)
+        _validate_ranges(self)
 
 
 @dataclass(frozen=True)
 class TriggerConfig:
     """ReSpec WHEN (ALGORITHMS §1.3)."""
-    window: int = 3              # l: max look-back over committed-token entropies
-    theta_entropy: float = 1.5   # θ_H, nats; retrieve iff the chosen window mean is <= θ_H
-    lambda_e: float = 1.0        # λ_e: penalty for short windows in C_k = H̄_k + λ_e / k
+    window: int = _ranged(3, 1, 64, integer=True)  # l: max look-back over committed-token entropies
+    theta_entropy: float = _ranged(1.5, 0.0, 20.0)  # θ_H, nats; retrieve iff the chosen window mean is <= θ_H
+    lambda_e: float = _ranged(1.0, 0.0, 20.0)  # λ_e: penalty for short windows in C_k = H̄_k + λ_e / k
 
     def __post_init__(self) -> None:
-        _check_range(self, "window", 1, 64, integer=True)
-        _check_range(self, "theta_entropy", 0.0, 20.0)
-        _check_range(self, "lambda_e", 0.0, 20.0)
+        _validate_ranges(self)
 
 
 @dataclass(frozen=True)
 class CandidateConfig:
     """ReSpec WHAT (ALGORITHMS §1.4)."""
-    alpha: float = 0.3           # α: EMA rate, S <- (1 - α) S + α R
-    s0: float = 0.5              # S0: score of a never-seen position
-    theta_score: float = 0.5     # θ_score: minimum score to draft from
-    top_k: int = 4               # K: positions merged into one trie
-    l_max: int = 16              # L_max: draft length = max(1, round(L_max * S))
-    tree_budget: int = 60        # trie nodes, root included
-    min_match: int = 3           # L_min: minimum match length to consider retrieval
-    max_positions: int = 64      # end positions examined per step
+    alpha: float = _ranged(0.3, 0.0, 1.0)  # α: EMA rate, S <- (1 - α) S + α R
+    s0: float = _ranged(0.5, 0.0, 1.0)  # S0: score of a never-seen position
+    theta_score: float = _ranged(0.5, 0.0, 1.0)  # θ_score: minimum score to draft from
+    top_k: int = _ranged(4, 1, 64, integer=True)  # K: positions merged into one trie
+    l_max: int = _ranged(16, 1, 256, integer=True)  # L_max: draft length = max(1, round(L_max * S))
+    tree_budget: int = _ranged(60, 1, MAX_TREE_TOKENS_CAP, integer=True)  # trie nodes, root included
+    min_match: int = _ranged(3, 1, 64, integer=True)  # L_min: minimum match length to consider retrieval
+    max_positions: int = _ranged(64, 1, 4096, integer=True)  # end positions examined per step
 
     def __post_init__(self) -> None:
-        _check_range(self, "alpha", 0.0, 1.0)
-        _check_range(self, "s0", 0.0, 1.0)
-        _check_range(self, "theta_score", 0.0, 1.0)
-        _check_range(self, "top_k", 1, 64, integer=True)
-        _check_range(self, "l_max", 1, 256, integer=True)
-        _check_range(self, "tree_budget", 1, MAX_TREE_TOKENS_CAP, integer=True)
-        _check_range(self, "min_match", 1, 64, integer=True)
-        _check_range(self, "max_positions", 1, 4096, integer=True)
+        _validate_ranges(self)
 
 
 @dataclass(frozen=True)
 class RelaxConfig:
     """ReSpec HOW, applied to retrieval nodes only (ALGORITHMS §1.6). budget = 0 is lossless."""
-    beta: int = 5                # β: a relaxed token must be in the target's top-β
-    tau: float = 2.0             # τ: nats, max log-prob gap to the target's top-1
-    lookahead: int = 3           # w: strict matches required after a relaxed token
-    budget: int = 2              # relaxed acceptances allowed per step
+    beta: int = _ranged(5, 1, 1000, integer=True)  # β: a relaxed token must be in the target's top-β
+    tau: float = _ranged(2.0, 0.0, 50.0)  # τ: nats, max log-prob gap to the target's top-1
+    lookahead: int = _ranged(3, 0, 64, integer=True)  # w: strict matches required after a relaxed token
+    budget: int = _ranged(2, 0, 64, integer=True)  # relaxed acceptances allowed per step
 
     def __post_init__(self) -> None:
-        _check_range(self, "beta", 1, 1000, integer=True)
-        _check_range(self, "tau", 0.0, 50.0)
-        _check_range(self, "lookahead", 0, 64, integer=True)
-        _check_range(self, "budget", 0, 64, integer=True)
+        _validate_ranges(self)
 
 
 _SECTIONS = {"sampling": SamplingConfig, "tree": TreeConfig, "sam": SamConfig,
@@ -175,7 +187,7 @@ ALIASES: dict[str, str] = {
 @dataclass(frozen=True)
 class EngineConfig:
     method: str = "eagle2"
-    max_new_tokens: int = 128    # demo default; Spec-Bench uses 1024
+    max_new_tokens: int = _ranged(128, 1, MAX_NEW_TOKENS_CAP, integer=True)  # demo default; Spec-Bench uses 1024
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     tree: TreeConfig = field(default_factory=TreeConfig)
     sam: SamConfig = field(default_factory=SamConfig)
@@ -186,7 +198,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ConfigError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
-        _check_range(self, "max_new_tokens", 1, MAX_NEW_TOKENS_CAP, integer=True)
+        _validate_ranges(self)
         for name, cls in _SECTIONS.items():
             if not isinstance(getattr(self, name), cls):
                 raise ConfigError(f"EngineConfig.{name} must be a {cls.__name__}")
@@ -228,6 +240,15 @@ class EngineConfig:
             return dataclasses.replace(self, **top)
         except TypeError as exc:  # e.g. a list where a number belongs
             raise ConfigError(f"bad settings: {exc}") from None
+
+
+def setting_ranges() -> dict[str, Range]:
+    """Every numeric setting's dotted name (as `with_overrides` takes it) -> its Range."""
+    out = {f.name: f.metadata["range"] for f in dataclasses.fields(EngineConfig) if "range" in f.metadata}
+    for section, cls in _SECTIONS.items():
+        out.update({f"{section}.{f.name}": f.metadata["range"] for f in dataclasses.fields(cls)
+                    if "range" in f.metadata})
+    return out
 
 
 def device_defaults(device_type: str) -> dict[str, Any]:

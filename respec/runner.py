@@ -71,9 +71,10 @@ class Runner:
         drafter = make_drafter(config.method, self.target, config, head=self.head)
         return Engine(self.target, drafter, config, tokenizer=self.tokenizer, no_relax_ids=self.no_relax_ids)
 
-    def encode(self, prompt: str | list[dict], chat: bool = True) -> list[int]:
+    def encode(self, prompt: str | list[dict], chat: bool = True, max_tokens: int | None = None) -> list[int]:
+        """Prompt -> ids; PromptError if empty, not text, or over `max_tokens` (a deployment cap)."""
         from respec.models.loading import encode_prompt
-        return encode_prompt(self.tokenizer, prompt, chat=chat)
+        return encode_prompt(self.tokenizer, prompt, chat=chat, max_tokens=max_tokens)
 
     def meta(self, config: EngineConfig, prompt: str | list[dict] | None = None) -> dict:
         import transformers
@@ -91,9 +92,9 @@ class Runner:
         result.meta.update(self.meta(config, prompt))
         return result
 
-    def stream(self, prompt: str | list[dict], config: EngineConfig, chat: bool = True
-               ) -> tuple[Engine, list[int], Iterator[StepTrace]]:
-        ids = self.encode(prompt, chat=chat)
+    def stream(self, prompt: str | list[dict], config: EngineConfig, chat: bool = True,
+               max_prompt_tokens: int | None = None) -> tuple[Engine, list[int], Iterator[StepTrace]]:
+        ids = self.encode(prompt, chat=chat, max_tokens=max_prompt_tokens)
         engine = self.engine(config)
         return engine, ids, engine.stream(ids)
 

@@ -141,6 +141,10 @@ class SpecStats:
         return d
 
 
+#: Who drafted a step ("none": a plain decoding step, the tree is the root alone).
+STEP_SOURCES = ("retrieval", "eagle", "none")
+
+
 @dataclass(frozen=True)
 class GenerationResult:
     prompt_tokens: tuple[int, ...]
@@ -198,6 +202,12 @@ def result_to_json(result: GenerationResult, indent: int | None = None) -> str:
     return json.dumps(result_to_dict(result), indent=indent, ensure_ascii=False, allow_nan=True)
 
 
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"text must be a string, got {type(value).__name__}")
+    return value
+
+
 def result_from_dict(d: Any) -> GenerationResult:
     if not isinstance(d, Mapping):
         raise TraceFormatError("a trace must be a JSON object")
@@ -211,7 +221,7 @@ def result_from_dict(d: Any) -> GenerationResult:
         steps = tuple(StepTrace.from_dict(s) for s in d["steps"])
         result = GenerationResult(
             prompt_tokens=tuple(int(t) for t in d["prompt_tokens"]), tokens=tuple(int(t) for t in d["tokens"]),
-            text=str(d["text"]), first_entropy=float(d["first_entropy"]), first_margin=float(d["first_margin"]),
+            text=_text(d["text"]), first_entropy=float(d["first_entropy"]), first_margin=float(d["first_margin"]),
             steps=steps, config=config, wall_time_s=float(d["wall_time_s"]), prefill_ms=float(d["prefill_ms"]),
             stop_reason=str(d["stop_reason"]), meta=dict(d.get("meta") or {}))
     except ConfigError as exc:
@@ -219,7 +229,25 @@ def result_from_dict(d: Any) -> GenerationResult:
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise TraceFormatError(f"malformed trace: {type(exc).__name__}: {exc}") from None
     validate_result(result)
+    _check_stored_stats(d.get("stats"), result)
     return result
+
+
+#: The stats counts a trace file stores; they must equal what its steps add up to.
+_COUNTED_STATS = ("new_tokens", "steps", "draft_tokens", "accepted_tokens", "relaxed_tokens",
+                  "accept_length_hist", "steps_by_source")
+
+
+def _check_stored_stats(stored: Any, result: GenerationResult) -> None:
+    """A hand-edited file whose stored counts disagree with its steps is rejected, naming the count."""
+    if stored is None:
+        return
+    if not isinstance(stored, Mapping):
+        raise TraceFormatError("the trace's stats must be a JSON object")
+    real = result.stats.to_dict()
+    for key in _COUNTED_STATS:
+        if key in stored and stored[key] != real[key]:
+            raise TraceFormatError(f"stats.{key} says {stored[key]!r} but the steps add up to {real[key]!r}")
 
 
 def result_from_json(text: str | bytes) -> GenerationResult:
@@ -233,9 +261,16 @@ def result_from_json(text: str | bytes) -> GenerationResult:
 def validate_result(r: GenerationResult) -> None:
     """Check internal consistency; raise TraceFormatError naming the first problem found."""
     expected: list[int] = []
+    for name in ("prompt_tokens", "tokens"):
+        bad = next((t for t in getattr(r, name) if t < 0), None)
+        if bad is not None:
+            raise TraceFormatError(f"{name} holds a negative token id ({bad})")
     for i, s in enumerate(r.steps):
         if s.step != i:
             raise TraceFormatError(f"step {i} is numbered {s.step}")
+        if s.source not in STEP_SOURCES:
+            raise TraceFormatError(f"step {i}: unknown draft source {s.source!r}; expected one of "
+                                   f"{', '.join(STEP_SOURCES)}")
         path = s.verdict.path
         if not path or path[0] != 0:
             raise TraceFormatError(f"step {i}: accepted path must start at the root")
@@ -262,9 +297,12 @@ def validate_result(r: GenerationResult) -> None:
     if r.steps and r.tokens and r.steps[0].tree.tokens[0] != r.tokens[0]:
         raise TraceFormatError("the first step's root is not the first generated token")
     full = list(r.tokens[:1]) + expected
-    if list(r.tokens) != full[:len(r.tokens)] or len(full) - len(r.tokens) >= max(1, len(r.steps[-1].new_tokens) if r.steps else 1):
-        raise TraceFormatError(f"generated tokens ({len(r.tokens)}) do not add up to the steps' tokens "
-                               f"({len(full)})")
+    diff = next((j for j, (a, b) in enumerate(zip(r.tokens, full)) if a != b), None)
+    if diff is not None:
+        raise TraceFormatError(f"generated token {diff} is {r.tokens[diff]} but the steps committed {full[diff]} there")
+    if len(r.tokens) > len(full) or len(full) - len(r.tokens) >= max(1, len(r.steps[-1].new_tokens) if r.steps else 1):
+        raise TraceFormatError(f"the trace lists {len(r.tokens)} generated tokens but its steps add up to "
+                               f"{len(full)}")
     for name in ("wall_time_s", "prefill_ms"):
         v = getattr(r, name)
         if not math.isfinite(v) or v < 0:

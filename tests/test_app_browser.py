@@ -138,3 +138,40 @@ def test_empty_prompt_is_reported_in_the_page(page):
     page.locator("#run").click()
     expect(page.locator("#status")).to_contain_text("prompt is empty", timeout=30_000)
     assert not page.errors, f"no JavaScript errors: {page.errors}"
+
+
+def test_a_model_that_fails_to_load_leaves_a_banner_and_replay_mode():
+    """A second server whose model cannot load: Run reports it, the banner says replay mode, a
+    reload keeps the banner, and the recorded traces still open."""
+    from app.handlers import ModelHub
+    from app.settings import Caps
+    from app.ui import build_demo, launch_kwargs
+
+    def broken(spec):
+        raise OSError(f"weights of {spec} are unreadable (simulated disk fault)")
+
+    caps = Caps(max_new_tokens=64, default_new_tokens=24, max_tree_tokens=64, time_limit_s=60, queue_size=4)
+    demo = build_demo(hub=ModelHub("default", factory=broken, choices=["default"]), caps=caps)
+    _, local, _ = demo.launch(server_name="127.0.0.1", server_port=None, prevent_thread_lock=True, quiet=True,
+                              **launch_kwargs())
+    try:
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+            pg = browser.new_page(viewport={"width": 1400, "height": 1000})
+            pg.goto(local)
+            expect(pg.locator("#respec-output")).to_contain_text("Monday", timeout=60_000)
+            expect(pg.locator("#model-banner")).to_be_hidden()
+            pg.locator("#prompt textarea").fill("Name three colors.")
+            pg.locator("#run").click()
+            expect(pg.locator("#status")).to_contain_text("Could not load the model", timeout=60_000)
+            banner = pg.locator("#model-banner")
+            expect(banner).to_contain_text("replay mode", timeout=10_000)
+            expect(banner).to_contain_text("simulated disk fault")
+            assert "Traceback" not in pg.locator("body").inner_text()
+            pg.reload()
+            expect(pg.locator("#model-banner")).to_contain_text("could not be loaded", timeout=60_000)
+            expect(pg.locator("#respec-output")).to_contain_text("Monday", timeout=30_000)
+            pg.screenshot(path=str(SHOTS / "model-failed-banner.png"), full_page=False)
+            browser.close()
+    finally:
+        demo.close()

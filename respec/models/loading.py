@@ -611,6 +611,30 @@ def load_model(spec: str = "default", device: str = "auto", dtype: str = "auto",
 
 # ============================================================================================ prompts ====
 
+def prompt_messages(prompt: str | Sequence[Mapping[str, str]]) -> list[dict]:
+    """A prompt (text, or chat messages) -> chat messages, checked without a model: PromptError for
+    a non-text prompt, an empty one, a malformed message, or text with lone surrogates."""
+    if isinstance(prompt, str):
+        messages = [{"role": "user", "content": prompt}]
+    elif isinstance(prompt, Sequence) and all(isinstance(m, Mapping) for m in prompt):
+        messages = [dict(m) for m in prompt]
+        for m in messages:
+            if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                raise PromptError(f"Each chat message needs a 'role' and a text 'content'; got {m!r}.")
+    else:
+        raise PromptError(f"A prompt is a string or a list of chat messages, not {type(prompt).__name__}.")
+    if not any(m["content"].strip() for m in messages):
+        raise PromptError("The prompt is empty: type some text first.")
+    for m in messages:
+        try:
+            m["content"].encode("utf-8")
+        except UnicodeEncodeError as exc:       # a lone surrogate, e.g. undecodable bytes from a shell
+            raise PromptError(f"The prompt is not valid Unicode text: {exc.object[exc.start:exc.end]!r} at "
+                              f"character {exc.start} cannot be encoded. Remove it or re-save the text "
+                              f"as UTF-8.") from None
+    return messages
+
+
 def encode_prompt(
     tokenizer: PreTrainedTokenizerBase,
     prompt: str | Sequence[Mapping[str, str]],
@@ -628,18 +652,8 @@ def encode_prompt(
     """
     if tokenizer is None:
         raise PromptError("This model has no tokenizer (a test model works on token ids only); pass token ids.")
-    # 1. normalise to messages, and reject empty prompts
-    if isinstance(prompt, str):
-        messages = [{"role": "user", "content": prompt}]
-    elif isinstance(prompt, Sequence) and all(isinstance(m, Mapping) for m in prompt):
-        messages = [dict(m) for m in prompt]
-        for m in messages:
-            if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-                raise PromptError(f"Each chat message needs a 'role' and a text 'content'; got {m!r}.")
-    else:
-        raise PromptError(f"A prompt is a string or a list of chat messages, not {type(prompt).__name__}.")
-    if not any(m["content"].strip() for m in messages):
-        raise PromptError("The prompt is empty: type some text first.")
+    # 1. normalise to messages, and reject empty prompts and text that is not Unicode
+    messages = prompt_messages(prompt)
     # 2. render: with the template, render to text and tokenize that text without adding special tokens (the
     #    template already holds them). This sidesteps apply_chat_template's return type, which in transformers 5
     #    is a BatchEncoding (a dict) rather than a list when tokenize=True.
