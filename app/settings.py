@@ -25,6 +25,7 @@ from respec.errors import ConfigError, PromptError
 
 # ------------------------------------------------------------------------------- deployment caps
 def _env_int(name: str, default: int) -> int:
+    """A positive integer from the environment (the default when unset or not a number)."""
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default

@@ -83,9 +83,16 @@ CLICK_JS = """
 
 
 def launch_kwargs() -> dict[str, Any]:
-    """App-wide settings that Gradio 6 takes in launch() (UX.md §1.1)."""
+    """App-wide settings that Gradio 6 takes in launch() (UX.md §1.1).
+
+    `state_session_capacity`: Gradio keeps a copy of the page's component config (~2 MB here) for
+    every session, API clients included, and drops the least recently used beyond this count; its
+    default (10,000) would let a stream of new clients grow the server by gigabytes. The cap is
+    RESPEC_MAX_SESSIONS (default 300), measured by scripts/load_test.py (BENCHMARKS.md)."""
+    from app.settings import _env_int
     return {"theme": gr.themes.Soft(primary_hue="blue", secondary_hue="orange"), "css": CSS,
-            "footer_links": ["api", "gradio", "settings"], "ssr_mode": False}
+            "footer_links": ["api", "gradio", "settings"], "ssr_mode": False,
+            "state_session_capacity": _env_int("RESPEC_MAX_SESSIONS", 300)}
 
 
 def _bind(fn: Callable, comps: dict[str, Any]) -> Callable:
