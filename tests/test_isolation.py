@@ -49,3 +49,32 @@ def test_stopping_a_stream_midway_leaves_the_engine_reusable():
     next(stream), next(stream)
     stream.close()                                   # a cancelled request (Stop / closed tab)
     assert _comparable(engine.generate(A)) == _comparable(ref)
+
+
+def test_a_run_cancelled_mid_stream_in_the_app_frees_the_model_for_the_next():
+    """Stop / a closed tab closes the page's generator mid-run: the tab may run again, the shared
+    model's step lock is free, and the next run's trace equals an undisturbed run's."""
+    from app import handlers
+    from app.state import SessionState
+    from tests.test_app_render import CAPS, REPEAT, tiny_hub
+    hub = tiny_hub()
+    values = {"max_new_tokens": 20, "theta_H": 20.0, "tree.auto": False}   # auto prunes by measured time
+    ref = list(handlers.compare_stream(hub, CAPS, REPEAT, values, False, False, False, SessionState()))
+    state = SessionState()
+    state.running = True
+    gen = handlers.compare_stream(hub, CAPS, REPEAT, values, False, False, False, state)
+    for _ in range(4):
+        next(gen)
+    gen.close()                                       # what Gradio does on Stop / disconnect
+    assert not state.running, "the tab can run again"
+    assert hub._step_lock.acquire(timeout=1), "no lock is left held by the cancelled run"
+    hub._step_lock.release()
+    again = list(handlers.compare_stream(hub, CAPS, REPEAT, values, False, False, False, state))
+    assert "done" in again[-1]["status"]
+    for key in ("respec", "eagle"):
+        assert _comparable(state.runs[key].result) == _comparable(_final_state_run(ref, key)), \
+            f"{key}: the run after a cancelled one equals an undisturbed run"
+
+
+def _final_state_run(updates, key):
+    return updates[-1]["state"].runs[key].result
