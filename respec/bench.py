@@ -102,15 +102,55 @@ def rouge_l(ref: Sequence[int], out: Sequence[int]) -> float:
     return 2 * p * r / (p + r)
 
 
-def run_question(runner, q: Question, config: EngineConfig, score_nll: bool = False) -> dict[str, Any]:
-    """All turns of one question with one method; returns a record (token lists kept for comparison).
-    With `score_nll`, the output's negative log-likelihood under the target is measured per turn."""
+#: Peers measured in the same run: transformers' own greedy `generate` and prompt-lookup decoding.
+PEERS: tuple[str, ...] = ("hf-greedy", "hf-pld")
+PLD_TOKENS = 10                          # transformers' prompt_lookup_num_tokens for `hf-pld`
+
+
+def parse_bench_methods(text: str | Sequence[str]) -> list[str]:
+    """Engine methods and peers, in order, without duplicates. Raises ConfigError."""
+    from respec.config import IMPLEMENTED_METHODS
+    items = [m.strip() for m in (text.split(",") if isinstance(text, str) else text) if m.strip()]
+    if not items:
+        raise ConfigError("no methods given")
+    for m in items:
+        if m not in IMPLEMENTED_METHODS and m not in PEERS:
+            raise ConfigError(f"unknown method {m!r}; choose from {', '.join(IMPLEMENTED_METHODS + PEERS)}")
+    return list(dict.fromkeys(items))
+
+
+def _record(q: Question, method: str, *, new_tokens: int, wall: float, steps: int, committed: int,
+            tokens: list[int], texts: list[str], hist: list[int], relaxed: int = 0, retrieval_steps: int = 0,
+            fired: int = 0, nll: float | None = None, margins: list[float] | None = None) -> dict[str, Any]:
+    rec = {"question_id": q.question_id, "category": q.category, "method": method,
+           "new_tokens": new_tokens, "wall_s": wall, "tokens_per_s": new_tokens / wall if wall > 0 else 0.0,
+           "steps": steps, "mean_accepted": committed / steps if steps else 1.0,
+           "committed": committed, "relaxed_tokens": relaxed, "retrieval_steps": retrieval_steps,
+           "trigger_fired": fired, "nll_per_token": nll, "accept_hist": hist,
+           "text": "\n\n".join(texts), "tokens": tokens}
+    if margins is not None:
+        rec["margins"] = [round(float(m), 4) for m in margins]
+    return rec
+
+
+def _add_hist(total: list[int], part: Sequence[int]) -> None:
+    total.extend([0] * (len(part) - len(total)))
+    for i, n in enumerate(part):
+        total[i] += n
+
+
+def run_question(runner, q: Question, config: EngineConfig, score_nll: bool = False,
+                 keep_margins: bool = False) -> dict[str, Any]:
+    """All turns of one question with one engine method; returns a record (generated token ids
+    kept for comparison; vanilla's logit margins with `keep_margins`). With `score_nll`, the
+    output's negative log-likelihood under the target is measured per turn."""
     messages: list[dict] = []
     nll_sum, nll_n = 0.0, 0
     relaxed = retrieval_steps = fired = 0
     tokens: list[int] = []
     margins: list[float] = []
     texts: list[str] = []
+    hist: list[int] = []
     new_tokens = steps = committed = 0
     wall = 0.0
     for turn in q.turns:
@@ -125,64 +165,220 @@ def run_question(runner, q: Question, config: EngineConfig, score_nll: bool = Fa
         relaxed += sum(s.verdict.num_relaxed for s in result.steps)
         retrieval_steps += sum(1 for s in result.steps if s.source == "retrieval")
         fired += sum(1 for s in result.steps if s.decision is not None and s.decision.fired)
+        _add_hist(hist, result.stats.accept_length_hist)
         if score_nll:
             total, n = runner.target.nll(result.prompt_tokens, result.tokens)
             nll_sum, nll_n = nll_sum + total, nll_n + n
         committed += sum(len(s.new_tokens) for s in result.steps)
         wall += result.wall_time_s
-    return {"question_id": q.question_id, "category": q.category, "method": config.method,
-            "new_tokens": new_tokens, "wall_s": wall, "tokens_per_s": new_tokens / wall if wall > 0 else 0.0,
-            "steps": steps, "mean_accepted": committed / steps if steps else 1.0,
-            "committed": committed, "relaxed_tokens": relaxed, "retrieval_steps": retrieval_steps,
-            "trigger_fired": fired, "nll_per_token": nll_sum / nll_n if nll_n else None,
-            "text": "\n\n".join(texts), "_tokens": tokens, "_margins": margins}
+    return _record(q, config.method, new_tokens=new_tokens, wall=wall, steps=steps, committed=committed,
+                   tokens=tokens, texts=texts, hist=hist, relaxed=relaxed, retrieval_steps=retrieval_steps,
+                   fired=fired, nll=nll_sum / nll_n if nll_n else None, margins=margins if keep_margins else None)
+
+
+def hf_generate(runner, prompt_ids: Sequence[int], method: str, max_new_tokens: int) -> tuple[list[int], float, int]:
+    """One greedy `model.generate` call of a peer: (new token ids, wall seconds incl. prefill,
+    target forwards). Forwards are counted with a forward hook, so `hf-pld`'s mean accepted length
+    is measured the same way as ours (tokens committed per forward after the prefill)."""
+    import torch
+
+    model, target = runner.target.model, runner.target
+    tok = runner.tokenizer
+    eos = sorted(target.eos_token_ids)
+    pad = getattr(tok, "pad_token_id", None) if tok is not None else None
+    pad = pad if pad is not None else (eos[0] if eos else 0)
+    kwargs = {"prompt_lookup_num_tokens": PLD_TOKENS} if method == "hf-pld" else {}
+    calls = [0]
+    hook = model.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    try:
+        ids = torch.tensor([list(prompt_ids)], device=target.device)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                 do_sample=False, temperature=None, top_p=None, top_k=None,
+                                 eos_token_id=eos or None, pad_token_id=pad, **kwargs)
+        if target.device.type == "cuda":
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    finally:
+        hook.remove()
+    return [int(t) for t in out[0, len(prompt_ids):].tolist()], wall, calls[0]
+
+
+def run_peer_question(runner, q: Question, method: str, max_new_tokens: int) -> dict[str, Any]:
+    """All turns of one question with a transformers peer (same prompts, chat template, lengths)."""
+    messages: list[dict] = []
+    tokens: list[int] = []
+    texts: list[str] = []
+    new_tokens = forwards = committed = 0
+    wall = 0.0
+    for turn in q.turns:
+        messages.append({"role": "user", "content": turn})
+        ids = runner.encode(list(messages))
+        room = runner.target.context_length - len(ids)
+        new, seconds, calls = hf_generate(runner, ids, method, min(max_new_tokens, room))
+        text = runner.tokenizer.decode(new, skip_special_tokens=True) if runner.tokenizer is not None else ""
+        messages.append({"role": "assistant", "content": text})
+        texts.append(text)
+        tokens.extend(new)
+        new_tokens += len(new)
+        forwards += max(0, calls - 1)                 # the prefill's forward chose the first token
+        committed += max(0, len(new) - 1)
+        wall += seconds
+    return _record(q, method, new_tokens=new_tokens, wall=wall, steps=forwards, committed=committed,
+                   tokens=tokens, texts=texts, hist=[])
+
+
+RUN_FILE = "run.json"
+RESULTS_FILE = "results.jsonl"
+
+
+def _run_identity(runner, base: EngineConfig) -> dict[str, Any]:
+    loaded = getattr(runner.target, "loaded", None)
+    return {"model": getattr(loaded, "name", getattr(runner.target, "name", "model")),
+            "dtype": str(runner.target.dtype), "device": str(runner.target.device),
+            "eagle_head": getattr(runner, "head_info", None), "config": base.to_dict()}
+
+
+def _resume_records(out_dir: Path, identity: dict[str, Any], fresh: bool,
+                    results_name: str = RESULTS_FILE) -> list[dict]:
+    """Finished records of an earlier, identical run in out_dir (none with `fresh`). Raises
+    RespecError when out_dir holds results of a different run (settings, model or head)."""
+    results, run_file = out_dir / results_name, out_dir / RUN_FILE
+    if fresh or not results.exists():
+        return []
+    try:
+        earlier = json.loads(run_file.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        earlier = None
+    if earlier != json.loads(json.dumps(identity, default=str)):
+        raise RespecError(f"{out_dir} holds results of another run (other settings, model or EAGLE head); "
+                          f"pass --fresh to start over there, or choose another --out")
+    records = []
+    for line in results.read_text(encoding="utf-8").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue                                   # a line cut by an interruption: rerun it
+        if isinstance(rec, dict) and "tokens" in rec and (rec["method"] != "vanilla" or "margins" in rec):
+            records.append(rec)
+    return records
+
+
+def compare_to_vanilla(rec: dict, ref: dict, tol: float) -> dict:
+    """Add matches_vanilla, first_divergence, divergence_gap, lossless, ROUGE-L and NLL ratio."""
+    div = first_divergence(ref["tokens"], rec["tokens"])
+    rec["matches_vanilla"] = div is None
+    rec["first_divergence"] = div
+    rec["divergence_gap"] = None if div is None or div >= len(ref["margins"]) else ref["margins"][div]
+    rec["lossless"] = div is None or (rec["divergence_gap"] is not None and rec["divergence_gap"] <= tol)
+    rec["rouge_l_vs_vanilla"] = rouge_l(ref["tokens"], rec["tokens"])
+    rec["nll_ratio"] = (rec["nll_per_token"] / ref["nll_per_token"]
+                        if rec["nll_per_token"] is not None and ref["nll_per_token"] else None)
+    return rec
 
 
 def run_bench(runner, questions: list[Question], methods: list[str], base: EngineConfig, out_dir: str | Path,
-              progress: bool = True) -> "pandas.DataFrame":
+              progress: bool = True, fresh: bool = False) -> "pandas.DataFrame":
+    """Run every (question, method), vanilla first per question; append each record to
+    results.jsonl as it completes. Rerunning into the same out_dir skips finished records (the
+    run's model, head and settings must be the same: run.json); `fresh` starts over. Writes
+    summary.csv, summary.md, speedup.html and acceptance.html at the end (`write_reports`)."""
     import pandas as pd
     from tqdm import tqdm
 
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     methods = ["vanilla"] + [m for m in methods if m != "vanilla"]
+    identity = _run_identity(runner, base)
+    done = _resume_records(out_dir, identity, fresh)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / RUN_FILE).write_text(json.dumps(identity, indent=1), encoding="utf-8")
+    by_key = {(r["question_id"], r["method"]): r for r in done}
     tol = gap_tolerance(str(runner.target.dtype))
-    lossy = [m for m in methods if not is_lossless(base.with_overrides({"method": m}))]
+    engine = [m for m in methods if m not in PEERS]
+    lossy = [m for m in engine if not is_lossless(base.with_overrides({"method": m}))]
+    todo = [(q, m) for q in questions for m in methods if (q.question_id, m) not in by_key]
     # Warm-up (Spec-Bench runs the first question before timing): one short run per method.
-    for m in methods:
-        runner.generate("Hello!", base.with_overrides({"method": m, "max_new_tokens": 8}))
-    results_path = out_dir / "results.jsonl"
+    if todo:
+        for m in methods:
+            if m in PEERS:
+                hf_generate(runner, runner.encode("Hello!"), m, 8)
+            else:
+                runner.generate("Hello!", base.with_overrides({"method": m, "max_new_tokens": 8}))
     records: list[dict] = []
-    with results_path.open("w", encoding="utf-8") as fh, \
-            tqdm(total=len(questions) * len(methods), desc="bench", unit="run", disable=not progress,
-                 file=sys.stderr) as bar:
+    # the kept records, rewritten atomically (drops a line cut by an interruption); new ones append
+    _atomic_text(out_dir / RESULTS_FILE, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in done))
+    with (out_dir / RESULTS_FILE).open("a", encoding="utf-8") as fh, \
+            tqdm(total=len(questions) * len(methods), initial=len(questions) * len(methods) - len(todo),
+                 desc="bench", unit="run", disable=not progress, file=sys.stderr) as bar:
         for q in questions:
-            ref = None
             for m in methods:
-                bar.set_postfix_str(f"q{q.question_id} {q.category} {m}")
-                rec = run_question(runner, q, base.with_overrides({"method": m}),
-                                   score_nll=bool(lossy) and (m == "vanilla" or m in lossy))
-                if m == "vanilla":
-                    ref = rec
-                div = first_divergence(ref["_tokens"], rec["_tokens"])
-                rec["matches_vanilla"] = div is None
-                rec["first_divergence"] = div
-                rec["divergence_gap"] = (None if div is None or div >= len(ref["_margins"])
-                                         else ref["_margins"][div])
-                rec["lossless"] = div is None or (rec["divergence_gap"] is not None and rec["divergence_gap"] <= tol)
-                rec["rouge_l_vs_vanilla"] = rouge_l(ref["_tokens"], rec["_tokens"])
-                rec["nll_ratio"] = (rec["nll_per_token"] / ref["nll_per_token"]
-                                    if rec["nll_per_token"] is not None and ref["nll_per_token"] else None)
-                public = {k: v for k, v in rec.items() if not k.startswith("_")}
-                fh.write(json.dumps(public, ensure_ascii=False) + "\n")
-                fh.flush()
-                records.append(public)
-                bar.update(1)
-    summary = summarize(pd.DataFrame(records))
-    tmp = out_dir / ".summary.csv.tmp"
-    summary.to_csv(tmp, index=False, float_format="%.4f")
-    os.replace(tmp, out_dir / "summary.csv")
+                rec = by_key.get((q.question_id, m))
+                if rec is None:
+                    bar.set_postfix_str(f"q{q.question_id} {q.category} {m}")
+                    if m in PEERS:
+                        rec = run_peer_question(runner, q, m, base.max_new_tokens)
+                    else:
+                        rec = run_question(runner, q, base.with_overrides({"method": m}),
+                                           score_nll=bool(lossy) and (m == "vanilla" or m in lossy),
+                                           keep_margins=m == "vanilla")
+                    rec = compare_to_vanilla(rec, rec if m == "vanilla" else by_key[(q.question_id, "vanilla")], tol)
+                    by_key[(q.question_id, m)] = rec
+                    fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                    fh.flush()
+                    bar.update(1)
+                records.append(rec)
+    df = pd.DataFrame(records)
+    summary = summarize(df)
+    write_reports(summary, df, out_dir)
     return summary
+
+
+def _atomic_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_reports(summary: "pandas.DataFrame", records: "pandas.DataFrame", out_dir: str | Path) -> None:
+    """summary.csv, summary.md (every column), speedup.html (speedup per category and method) and
+    acceptance.html (accepted-length histograms per method), each written atomically; the HTML
+    embeds plotly.js, so the charts open offline."""
+    out_dir = Path(out_dir)
+    _atomic_text(out_dir / "summary.csv", summary.to_csv(index=False, float_format="%.4f"))
+    _atomic_text(out_dir / "summary.md", summary_table_markdown(summary) + "\n")
+    figs = bench_figures(summary, records)
+    for name, fig in figs.items():
+        _atomic_text(out_dir / f"{name}.html", fig.to_html(include_plotlyjs=True, full_html=True))
+
+
+def bench_figures(summary: "pandas.DataFrame", records: "pandas.DataFrame") -> dict:
+    """Plotly figures: grouped bars of speedup per category and method; accepted-length histograms
+    (share of steps that accepted k draft tokens, per engine method)."""
+    import plotly.graph_objects as go
+
+    speed = go.Figure()
+    for method in dict.fromkeys(summary.method):
+        part = summary[summary.method == method]
+        speed.add_bar(name=method, x=list(part.category), y=list(part.speedup_vs_vanilla),
+                      text=[f"{v:.2f}x" for v in part.speedup_vs_vanilla], textposition="outside")
+    speed.update_layout(title="Speedup over vanilla (ratio of mean tokens/s)", barmode="group",
+                        yaxis_title="speedup", xaxis_title="category", template="plotly_white")
+    speed.add_hline(y=1.0, line_dash="dot", line_color="gray")
+    acc = go.Figure()
+    if "accept_hist" in records:
+        for method, g in records.groupby("method", sort=False):
+            total: list[int] = []
+            for h in g.accept_hist:
+                _add_hist(total, h or [])
+            if not total or method == "vanilla":
+                continue
+            n = sum(total)
+            acc.add_bar(name=method, x=list(range(len(total))), y=[c / n for c in total])
+    acc.update_layout(title="Accepted draft tokens per step (share of steps; the bonus token not counted)",
+                      barmode="group", xaxis_title="accepted draft tokens", yaxis_title="share of steps",
+                      template="plotly_white")
+    return {"speedup": speed, "acceptance": acc}
 
 
 def summarize(df: "pandas.DataFrame") -> "pandas.DataFrame":
@@ -211,6 +407,22 @@ def summarize(df: "pandas.DataFrame") -> "pandas.DataFrame":
     out.insert(4, "speedup_vs_vanilla", [r["tokens_per_s"] / vanilla_speed[r["category"]]
                                          if vanilla_speed.get(r["category"]) else float("nan") for r in rows])
     return out
+
+
+SUMMARY_COLUMNS = {"questions": "{:.0f}", "tokens_per_s": "{:.1f}", "speedup_vs_vanilla": "{:.2f}x",
+                   "mean_accepted": "{:.2f}", "exact_match_rate": "{:.2f}", "lossless_rate": "{:.2f}",
+                   "rouge_l_vs_vanilla": "{:.2f}", "nll_ratio": "{:.3f}", "retrieval_step_share": "{:.2f}",
+                   "trigger_rate": "{:.2f}", "relaxed_per_token": "{:.3f}"}
+
+
+def summary_table_markdown(summary: "pandas.DataFrame") -> str:
+    """Every summary column, one row per (category, method)."""
+    cols = list(SUMMARY_COLUMNS)
+    lines = ["| category | method | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols)]
+    for _, r in summary.iterrows():
+        cells = [r.category, r.method] + ["" if r[c] != r[c] else SUMMARY_COLUMNS[c].format(r[c]) for c in cols]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return "\n".join(lines)
 
 
 def summary_markdown(summary: "pandas.DataFrame") -> str:

@@ -1,4 +1,4 @@
-"""Command line: `python -m respec generate | bench | replay | train-eagle`.
+"""Command line: `python -m respec generate | bench | sweep | replay | train-eagle`.
 
 Contract: the CLI is a thin layer over the same Runner/Engine the app uses. Every RespecError
 (bad settings, empty or too-long prompt, unknown model or method, malformed trace) is printed as
@@ -64,11 +64,11 @@ def cmd_generate(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from respec.bench import load_questions, run_bench, summary_markdown
+    from respec.bench import load_questions, parse_bench_methods, run_bench, summary_markdown
     from respec.models import load_target
-    from respec.runner import Runner, parse_methods
+    from respec.runner import Runner
 
-    methods = parse_methods(args.methods)
+    methods = parse_bench_methods(args.methods)
     overrides = _overrides(args)
     cats = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
     if args.limit_per_category is not None and args.limit_per_category < 1:
@@ -79,9 +79,44 @@ def cmd_bench(args) -> int:
     print(f"{len(questions)} questions x {len(set(methods) | {'vanilla'})} methods; "
           f"model {args.model} on {runner.target.device} ({runner.target.dtype}); EAGLE head: {runner.head_info}",
           file=sys.stderr)
-    summary = run_bench(runner, questions, methods, config, args.out)
+    summary = run_bench(runner, questions, methods, config, args.out, fresh=args.fresh)
     print(summary_markdown(summary))
-    print(f"\nwrote {args.out}/results.jsonl and {args.out}/summary.csv", file=sys.stderr)
+    print(f"\nwrote {args.out}/: results.jsonl, summary.csv, summary.md, speedup.html, acceptance.html", file=sys.stderr)
+    return 0
+
+
+def cmd_sweep(args) -> int:
+    from respec.bench import load_questions
+    from respec.models import load_target
+    from respec.runner import Runner, parse_methods
+    from respec.config import EngineConfig
+    from respec.sweep import best_point, parse_grid, quality_metric, run_sweep, sweep_markdown
+
+    method = parse_methods(args.method)[0]
+    overrides = _overrides(args)
+    grid = parse_grid(args.grid, EngineConfig().with_overrides(overrides))   # 1. everything checked first
+    cats = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
+    if args.limit_per_category is not None and args.limit_per_category < 1:
+        raise ConfigError("--limit-per-category must be >= 1")
+    questions = load_questions(args.questions, cats, args.limit_per_category)
+    runner = Runner(load_target(args.model, device=args.device, dtype=args.dtype), head=args.head)
+    base = runner.config(overrides)
+    grid = parse_grid(args.grid, base)
+    quality = quality_metric(method, base)
+    bound = args.max_nll_ratio if quality == "nll_ratio" else args.min_exact_match
+    print(f"{len(questions)} questions x {len(grid.points())} points of {method} (+ vanilla once); "
+          f"quality = {quality}", file=sys.stderr)
+    rows = run_sweep(runner, questions, method, base, grid, args.out, fresh=args.fresh)
+    print(sweep_markdown(rows, grid, quality))
+    best = best_point(rows, quality, bound)
+    rel = "<=" if quality == "nll_ratio" else ">="
+    if best is None:
+        print(f"\nno point keeps {quality} {rel} {bound}")
+    else:
+        print(f"\nbest under {quality} {rel} {bound}: " + ", ".join(f"{k}={best[k]}" for k in grid.keys)
+              + f" -> {best['speedup_vs_vanilla']:.2f}x, mean accepted {best['mean_accepted']:.2f}, "
+              f"{quality} {best[quality]:.3f}")
+    print(f"wrote {args.out}/: sweep_results.jsonl, sweep.csv, heatmap.html", file=sys.stderr)
     return 0
 
 
@@ -160,9 +195,23 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--methods", default="vanilla,eagle2,sam")
     b.add_argument("--categories", default=None)
     b.add_argument("--limit-per-category", type=int, default=None)
-    b.add_argument("--out", required=True)
+    b.add_argument("--out", required=True, help="results folder; rerunning into it skips finished records")
+    b.add_argument("--fresh", action="store_true", help="start over in --out instead of resuming")
     common(b, False)
     b.set_defaults(func=cmd_bench)
+
+    w = sub.add_parser("sweep", help="run one method over a grid of settings on a Spec-Bench subset")
+    w.add_argument("--questions", required=True)
+    w.add_argument("--grid", required=True, help='e.g. "theta_H=0.5,1,1.5,2,3;alpha=0.1,0.3,0.5"')
+    w.add_argument("--method", default="respec")
+    w.add_argument("--categories", default=None)
+    w.add_argument("--limit-per-category", type=int, default=None)
+    w.add_argument("--max-nll-ratio", type=float, default=1.05, help="quality bound for relaxed methods")
+    w.add_argument("--min-exact-match", type=float, default=1.0, help="quality bound for strict methods")
+    w.add_argument("--out", required=True, help="results folder; rerunning into it skips finished records")
+    w.add_argument("--fresh", action="store_true", help="start over in --out instead of resuming")
+    common(w, False)
+    w.set_defaults(func=cmd_sweep)
 
     r = sub.add_parser("replay", help="validate and print a trace file")
     r.add_argument("trace")

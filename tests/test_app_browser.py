@@ -42,17 +42,23 @@ def url():
 
 
 @pytest.fixture(scope="module")
-def page(url):
+def browser():
     SHOTS.mkdir(parents=True, exist_ok=True)
     with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
-        pg = browser.new_page(viewport={"width": 1400, "height": 1000})
-        errors: list[str] = []
-        pg.on("pageerror", lambda exc: errors.append(str(exc)))
-        pg.goto(url)
-        pg.errors = errors
-        yield pg
-        browser.close()
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def page(url, browser):
+    pg = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors: list[str] = []
+    pg.on("pageerror", lambda exc: errors.append(str(exc)))
+    pg.goto(url)
+    pg.errors = errors
+    yield pg
+    pg.close()
 
 
 def tree_title(page) -> str:
@@ -140,7 +146,7 @@ def test_empty_prompt_is_reported_in_the_page(page):
     assert not page.errors, f"no JavaScript errors: {page.errors}"
 
 
-def test_a_model_that_fails_to_load_leaves_a_banner_and_replay_mode():
+def test_a_model_that_fails_to_load_leaves_a_banner_and_replay_mode(browser):
     """A second server whose model cannot load: Run reports it, the banner says replay mode, a
     reload keeps the banner, and the recorded traces still open."""
     from app.handlers import ModelHub
@@ -155,23 +161,21 @@ def test_a_model_that_fails_to_load_leaves_a_banner_and_replay_mode():
     _, local, _ = demo.launch(server_name="127.0.0.1", server_port=None, prevent_thread_lock=True, quiet=True,
                               **launch_kwargs())
     try:
-        with sync_api.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
-            pg = browser.new_page(viewport={"width": 1400, "height": 1000})
-            pg.goto(local)
-            expect(pg.locator("#respec-output")).to_contain_text("Monday", timeout=60_000)
-            expect(pg.locator("#model-banner")).to_be_hidden()
-            pg.locator("#prompt textarea").fill("Name three colors.")
-            pg.locator("#run").click()
-            expect(pg.locator("#status")).to_contain_text("Could not load the model", timeout=60_000)
-            banner = pg.locator("#model-banner")
-            expect(banner).to_contain_text("replay mode", timeout=10_000)
-            expect(banner).to_contain_text("simulated disk fault")
-            assert "Traceback" not in pg.locator("body").inner_text()
-            pg.reload()
-            expect(pg.locator("#model-banner")).to_contain_text("could not be loaded", timeout=60_000)
-            expect(pg.locator("#respec-output")).to_contain_text("Monday", timeout=30_000)
-            pg.screenshot(path=str(SHOTS / "model-failed-banner.png"), full_page=False)
-            browser.close()
+        pg = browser.new_page(viewport={"width": 1400, "height": 1000})
+        pg.goto(local)
+        expect(pg.locator("#respec-output")).to_contain_text("Monday", timeout=60_000)
+        expect(pg.locator("#model-banner")).to_be_hidden()
+        pg.locator("#prompt textarea").fill("Name three colors.")
+        pg.locator("#run").click()
+        expect(pg.locator("#status")).to_contain_text("Could not load the model", timeout=60_000)
+        banner = pg.locator("#model-banner")
+        expect(banner).to_contain_text("replay mode", timeout=10_000)
+        expect(banner).to_contain_text("simulated disk fault")
+        assert "Traceback" not in pg.locator("body").inner_text()
+        pg.reload()
+        expect(pg.locator("#model-banner")).to_contain_text("could not be loaded", timeout=60_000)
+        expect(pg.locator("#respec-output")).to_contain_text("Monday", timeout=30_000)
+        pg.screenshot(path=str(SHOTS / "model-failed-banner.png"), full_page=False)
+        pg.close()
     finally:
         demo.close()

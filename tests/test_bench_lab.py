@@ -1,0 +1,177 @@
+"""The benchmark lab: summary maths on hand-made records, resumable runs, the transformers peers
+(`hf-greedy`, `hf-pld`) compared to vanilla the same way as our methods, and the report files."""
+import json
+
+import pandas as pd
+import pytest
+
+from respec.bench import (PEERS, Question, compare_to_vanilla, parse_bench_methods, run_bench, summarize,
+                          summary_table_markdown)
+from respec.config import EngineConfig
+from respec.errors import ConfigError, RespecError
+from tests.test_app_render import tiny_runner
+
+
+def _rec(qid, cat, method, *, new, wall, steps, committed, match=True, lossless=True, relaxed=0, retr=0, fired=0,
+         rouge=1.0, nll=None):
+    return {"question_id": qid, "category": cat, "method": method, "new_tokens": new, "wall_s": wall,
+            "tokens_per_s": new / wall, "steps": steps, "committed": committed, "relaxed_tokens": relaxed,
+            "retrieval_steps": retr, "trigger_fired": fired, "matches_vanilla": match, "lossless": lossless,
+            "rouge_l_vs_vanilla": rouge, "nll_ratio": nll}
+
+
+def test_summary_maths_on_hand_made_records():
+    records = [
+        _rec(1, "qa", "vanilla", new=10, wall=1.0, steps=9, committed=9),
+        _rec(2, "qa", "vanilla", new=20, wall=4.0, steps=19, committed=19),
+        # sam: question 1 at 20 tok/s, question 2 at 10 tok/s; 6 steps commit 12 tokens (MAT 2, bonus included)
+        _rec(1, "qa", "sam", new=10, wall=0.5, steps=3, committed=9, retr=2, fired=0),
+        _rec(2, "qa", "sam", new=20, wall=2.0, steps=3, committed=3, match=False, lossless=True, rouge=0.5),
+        _rec(3, "rag", "vanilla", new=8, wall=2.0, steps=7, committed=7),
+        _rec(3, "rag", "respec", new=8, wall=1.0, steps=4, committed=7, match=False, lossless=False, relaxed=2,
+             retr=4, fired=3, rouge=0.8, nll=1.1),
+    ]
+    s = summarize(pd.DataFrame(records)).set_index(["category", "method"])
+    qa_sam = s.loc[("qa", "sam")]
+    # Spec-Bench speed.py: mean of per-question tokens/s, ratio of means
+    assert qa_sam.tokens_per_s == pytest.approx((20 + 10) / 2)
+    assert qa_sam.speedup_vs_vanilla == pytest.approx(15 / ((10 + 5) / 2))
+    assert qa_sam.mean_accepted == pytest.approx((9 + 3) / (3 + 3)), "MAT = committed / steps, bonus included"
+    assert qa_sam.exact_match_rate == 0.5 and qa_sam.lossless_rate == 1.0 and qa_sam.rouge_l_vs_vanilla == 0.75
+    assert qa_sam.retrieval_step_share == pytest.approx(2 / 6)
+    rag = s.loc[("rag", "respec")]
+    assert rag.speedup_vs_vanilla == pytest.approx(8 / 4) and rag.trigger_rate == pytest.approx(3 / 4)
+    assert rag.relaxed_per_token == pytest.approx(2 / 8) and rag.nll_ratio == pytest.approx(1.1)
+    assert rag.lossless_rate == 0.0
+    overall = s.loc[("overall", "vanilla")]
+    assert overall.tokens_per_s == pytest.approx((10 + 5 + 4) / 3) and overall.speedup_vs_vanilla == 1.0
+    md = summary_table_markdown(summarize(pd.DataFrame(records)))
+    assert "| qa | sam | 2 | 15.0 | 2.00x | 2.00 |" in md
+
+
+def test_compare_to_vanilla_uses_the_divergence_gap():
+    ref = {"tokens": [1, 2, 3, 4], "margins": [3.0, 0.1, 2.0, 5.0], "nll_per_token": 2.0}
+    rec = compare_to_vanilla({"tokens": [1, 9, 3], "nll_per_token": 2.2}, ref, tol=0.5)
+    assert rec["first_divergence"] == 1 and rec["divergence_gap"] == 0.1 and rec["lossless"] is True
+    assert rec["nll_ratio"] == pytest.approx(1.1) and 0 < rec["rouge_l_vs_vanilla"] < 1
+    rec = compare_to_vanilla({"tokens": [1, 2, 9, 4], "nll_per_token": None}, ref, tol=0.5)
+    assert rec["divergence_gap"] == 2.0 and rec["lossless"] is False and rec["nll_ratio"] is None
+
+
+def test_bench_methods_include_the_peers_and_refuse_unknown_ones():
+    assert parse_bench_methods("vanilla, hf-pld,sam,hf-pld") == ["vanilla", "hf-pld", "sam"]
+    with pytest.raises(ConfigError, match="unknown method 'hf-medusa'"):
+        parse_bench_methods("vanilla,hf-medusa")
+
+
+QUESTIONS = [Question(1, "qa", ("w5 w6 w7 w8 w5 w6 w7 w8 w5",)),
+             Question(2, "rag", ("w9 w10 w11 w9 w10", "w12 w13 w12 w13")),
+             Question(3, "summarization", ("w20 w21 w22 w23 w20 w21 w22",))]
+
+
+def _bench(tmp_path, methods, **kw):
+    runner = tiny_runner("qwen2", seed=4)
+    base = EngineConfig().with_overrides({"max_new_tokens": 12, "sam.len_threshold": 2, "tree.total_tokens": 8,
+                                          "tree.depth": 3, "tree.top_k": 3})
+    return runner, run_bench(runner, QUESTIONS, methods, base, tmp_path / "out", progress=False, **kw)
+
+
+def test_peers_are_measured_like_our_methods_and_match_vanilla(tmp_path):
+    _, summary = _bench(tmp_path, ["vanilla", "sam", *PEERS])
+    recs = [json.loads(line) for line in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
+    assert len(recs) == len(QUESTIONS) * 4
+    for r in recs:
+        assert r["matches_vanilla"], f"{r['method']} q{r['question_id']}: greedy on a float64 model equals vanilla"
+    pld = [r for r in recs if r["method"] == "hf-pld"]
+    assert all(r["steps"] >= 1 and r["committed"] == r["new_tokens"] - len(QUESTIONS[[q.question_id for q in QUESTIONS].index(r["question_id"])].turns)
+               for r in pld)
+    greedy = summary[(summary.method == "hf-greedy") & (summary.category == "overall")].iloc[0]
+    assert greedy.mean_accepted == pytest.approx(1.0), "hf-greedy: one token per forward"
+    for name in ("summary.csv", "summary.md", "speedup.html", "acceptance.html", "run.json"):
+        assert (tmp_path / "out" / name).stat().st_size > 0
+    assert "Speedup over vanilla" in (tmp_path / "out" / "speedup.html").read_text()
+
+
+def test_a_rerun_skips_finished_records_and_redoes_a_cut_one(tmp_path, monkeypatch):
+    runner, first = _bench(tmp_path, ["vanilla", "sam"])
+    path = tmp_path / "out" / "results.jsonl"
+    lines = path.read_text().splitlines()
+    calls = []
+    import respec.bench as bench
+    real = bench.run_question
+    monkeypatch.setattr(bench, "run_question", lambda *a, **k: calls.append(a[1].question_id) or real(*a, **k))
+    _, again = _bench(tmp_path, ["vanilla", "sam"])
+    assert calls == [], "every record was finished: nothing reruns"
+    assert path.read_text().splitlines() == lines
+    path.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][: len(lines[-1]) // 2])   # an interrupted write
+    _, third = _bench(tmp_path, ["vanilla", "sam"])
+    assert calls == [QUESTIONS[-1].question_id], "only the cut record reruns"
+    assert [json.loads(x)["tokens"] for x in path.read_text().splitlines()] == [json.loads(x)["tokens"] for x in lines]
+    pd.testing.assert_frame_equal(first.drop(columns=["tokens_per_s", "speedup_vs_vanilla"]),
+                                  third.drop(columns=["tokens_per_s", "speedup_vs_vanilla"]))
+
+
+def test_a_folder_of_another_run_is_refused_unless_fresh(tmp_path):
+    runner, _ = _bench(tmp_path, ["vanilla"])
+    other = EngineConfig().with_overrides({"max_new_tokens": 5})
+    with pytest.raises(RespecError, match="another run"):
+        run_bench(runner, QUESTIONS, ["vanilla"], other, tmp_path / "out", progress=False)
+    summary = run_bench(runner, QUESTIONS, ["vanilla"], other, tmp_path / "out", progress=False, fresh=True)
+    assert summary[summary.category == "overall"].iloc[0].questions == len(QUESTIONS)
+
+
+# ------------------------------------------------------------------------------- sweeps
+from respec.sweep import best_point, pareto_front, parse_grid, run_sweep  # noqa: E402
+
+
+def test_a_grid_parses_with_aliases_in_the_order_given():
+    g = parse_grid(" theta_H=0.5, 1 ,1.5 ; alpha=0.1,0.3;tree.depth=3")
+    assert g.keys == ("trigger.theta_entropy", "candidates.alpha", "tree.depth")
+    assert g.values == ((0.5, 1, 1.5), (0.1, 0.3), (3,)) and len(g.points()) == 6
+    assert g.points()[1] == {"trigger.theta_entropy": 0.5, "candidates.alpha": 0.3, "tree.depth": 3}
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("", "empty"), (" ; ", "empty"), ("theta_H", "key=v1,v2"), ("=1,2", "key=v1,v2"), ("theta_H=", "no values"),
+    ("theta_H=1;theta_H=2", "appears twice"), ("nonsense=1,2", "unknown setting"), ("theta_H=-1", "must be in"),
+    ("theta_H=abc", "must be a number"), ("alpha=0.1,nan", "finite"), ("method=sam,respec", "not a grid key"),
+    ("theta_H=" + ",".join(str(i) for i in range(11)) + ";alpha=" + ",".join(f"0.{i}" for i in range(10)) + ",1",
+     "at most 100"),
+])
+def test_bad_grids_are_refused_with_a_clear_error(text, needle):
+    with pytest.raises(ConfigError, match=needle):
+        parse_grid(text)
+
+
+def test_pareto_front_and_best_point_on_hand_made_rows():
+    rows = [{"speedup_vs_vanilla": 1.2, "nll_ratio": 1.00}, {"speedup_vs_vanilla": 1.5, "nll_ratio": 1.04},
+            {"speedup_vs_vanilla": 1.4, "nll_ratio": 1.10}, {"speedup_vs_vanilla": 1.8, "nll_ratio": 1.20},
+            {"speedup_vs_vanilla": 1.1, "nll_ratio": 1.02}]
+    assert pareto_front(rows, "nll_ratio") == [True, True, False, True, False]
+    assert best_point(rows, "nll_ratio", 1.05) is rows[1] and best_point(rows, "nll_ratio", 0.5) is None
+    strict = [{"speedup_vs_vanilla": 1.3, "exact_match_rate": 1.0}, {"speedup_vs_vanilla": 1.6, "exact_match_rate": 0.5}]
+    assert pareto_front(strict, "exact_match_rate") == [True, True]
+    assert best_point(strict, "exact_match_rate", 1.0) is strict[0]
+
+
+def test_a_2d_sweep_writes_table_and_heatmap_and_resumes(tmp_path, monkeypatch):
+    runner = tiny_runner("qwen2", seed=4)
+    base = EngineConfig().with_overrides({"max_new_tokens": 10, "tree.total_tokens": 8, "tree.depth": 3,
+                                          "tree.top_k": 3, "candidates.min_match": 2})
+    grid = parse_grid("theta_H=0.5,20;L_max=4,16", base)
+    rows = run_sweep(runner, QUESTIONS[:2], "respec-strict", base, grid, tmp_path / "sw", progress=False)
+    assert len(rows) == 4 and any(r["pareto"] for r in rows)
+    assert all(r["exact_match_rate"] == 1.0 for r in rows), "respec-strict is lossless at every point"
+    assert {(r["trigger.theta_entropy"], r["candidates.l_max"]) for r in rows} == {(0.5, 4), (0.5, 16), (20, 4), (20, 16)}
+    csv = pd.read_csv(tmp_path / "sw" / "sweep.csv")
+    assert list(csv.columns[:2]) == ["trigger.theta_entropy", "candidates.l_max"] and "pareto" in csv
+    assert "Pareto front" in (tmp_path / "sw" / "heatmap.html").read_text()
+    import respec.sweep as sweep
+    calls = []
+    real = sweep.run_question
+    monkeypatch.setattr(sweep, "run_question", lambda *a, **k: calls.append(1) or real(*a, **k))
+    again = run_sweep(runner, QUESTIONS[:2], "respec-strict", base, grid, tmp_path / "sw", progress=False)
+    assert calls == [] and [r["exact_match_rate"] for r in again] == [r["exact_match_rate"] for r in rows]
+    with pytest.raises(RespecError, match="another run"):
+        run_sweep(runner, QUESTIONS[:2], "respec-strict", base, parse_grid("theta_H=1", base), tmp_path / "sw",
+                  progress=False)
