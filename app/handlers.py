@@ -12,6 +12,7 @@ page spends rendering between steps is excluded, so tokens/s are comparable betw
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -114,6 +115,14 @@ class ModelHub:
             if run_id != self._owner:
                 raise RespecError("this run was superseded by a newer one")
             return next(steps_iter)
+
+    @contextlib.contextmanager
+    def exclusive(self):
+        """Hold the model for one long unit of work (a Lab record): any other run's next step waits,
+        and runs started before it stop at their next step."""
+        with self._step_lock:
+            self._owner += 1
+            yield
 
     @property
     def loaded(self) -> bool:

@@ -22,6 +22,7 @@ import gradio as gr
 from app import handlers
 from app.gpu import ZERO_GPU, gpu
 from app.handlers import ModelHub
+from app.lab import lab_request, lab_stream
 from app.render import colors
 from app.settings import PRESET_HELP, PRESETS, SECTIONS, SPECS, Caps, non_default, preset_values
 from app.state import SessionState
@@ -260,6 +261,10 @@ def build_demo(hub: ModelHub | None = None, caps: Caps | None = None) -> gr.Bloc
                 comps["trace_header"] = gr.JSON({}, label="trace header (settings, seed, model, stats)", open=False,
                                                 elem_id="trace-header")
 
+            # ---------------------------------------------------------------- Lab
+            with gr.Tab("Lab", id="lab"):
+                lab = build_lab_tab(caps)
+
             # ---------------------------------------------------------------- About
             with gr.Tab("About & API", id="about"):
                 gr.Markdown(ABOUT_MD)
@@ -345,6 +350,26 @@ def build_demo(hub: ModelHub | None = None, caps: Caps | None = None) -> gr.Bloc
         demo.load(_bind(on_load, comps), [state], all_outputs, api_visibility="private")
         demo.load(None, js=CLICK_JS)
 
+        # ---------------------------------------------------------------- Lab events
+        @gpu(duration=GPU_DURATION_S)
+        def run_lab(mode, cats, per_cat, max_new, methods, grid_method, grid, upload, auto_on, *vals):
+            req = lab_request(mode, cats, per_cat, max_new, methods, grid_method, grid, upload,
+                              values_of(auto_on, *vals))
+            for update in lab_stream(hub, caps, req):
+                yield {lab[k]: (gr.update(value=v, visible=v is not None) if k == "download" else v)
+                       for k, v in update.items()}
+
+        lab_inputs = [lab["mode"], lab["categories"], lab["per_category"], lab["max_new_tokens"], lab["methods"],
+                      lab["grid_method"], lab["grid"], lab["upload"], auto, *control_list]
+        lab_outputs = [lab["status"], lab["table"], lab["plot"], lab["download"]]
+        lab_ev = lab["run"].click(run_lab, lab_inputs, lab_outputs, api_visibility="private", concurrency_id="gpu",
+                                  concurrency_limit=1, time_limit=caps.time_limit_s, show_progress="minimal")
+        lab["stop"].click(lambda: "■ Lab stopped.", None, [lab["status"]], cancels=[lab_ev], queue=False,
+                          api_visibility="private")
+        lab["mode"].change(lambda m: (gr.update(visible=not str(m).startswith("2-D")),
+                                      gr.update(visible=str(m).startswith("2-D"))),
+                           [lab["mode"]], [lab["methods_box"], lab["grid_box"]], queue=False, api_visibility="private")
+
         # ---------------------------------------------------------------- the API
         @gpu(duration=GPU_DURATION_S)
         def compare(prompt: str, settings_json: str = "{}") -> tuple[str, str, str, str, str]:
@@ -375,6 +400,50 @@ def build_demo(hub: ModelHub | None = None, caps: Caps | None = None) -> gr.Bloc
 
     demo.queue(default_concurrency_limit=1, max_size=caps.queue_size)
     return demo
+
+
+def build_lab_tab(caps: Caps) -> dict[str, Any]:
+    """The Lab's components (not part of the Compare outputs): selection, methods or a 2-D grid,
+    run/stop, status, live table and chart, CSV export."""
+    from app.lab import DEFAULT_BUDGET, default_questions_path, lab_budget
+    from respec.bench import CATEGORIES, PEERS
+    from respec.config import METHODS
+
+    c: dict[str, Any] = {}
+    found = default_questions_path()
+    gr.Markdown("Run Spec-Bench questions with several methods, or one method over a grid of two settings, "
+                "on the loaded model. Results stream in as each question finishes. "
+                + (f"Questions: the dev split at `{found}` unless you upload another file." if found else
+                   "Upload a Spec-Bench question file (JSONL with `question_id`, `category`, `turns`).")
+                + f" Runs are bounded: turns × runs × tokens ≤ {lab_budget():,} (RESPEC_LAB_BUDGET, "
+                f"default {DEFAULT_BUDGET:,}). The settings of the Compare tab apply.")
+    with gr.Row():
+        c["mode"] = gr.Radio(["methods", "2-D grid"], value="methods", label="run", elem_id="lab-mode", scale=1)
+        c["categories"] = gr.CheckboxGroup(list(CATEGORIES), value=["qa", "summarization"], label="categories",
+                                           elem_id="lab-categories", scale=3)
+    with gr.Row():
+        c["per_category"] = gr.Slider(1, 20, value=1, step=1, label="questions per category", elem_id="lab-per-cat")
+        c["max_new_tokens"] = gr.Slider(4, caps.max_new_tokens, value=min(32, caps.max_new_tokens), step=1,
+                                        label="max new tokens", elem_id="lab-max-new")
+    with gr.Group(visible=True) as c["methods_box"]:
+        c["methods"] = gr.CheckboxGroup(list(METHODS) + list(PEERS), value=["vanilla", "eagle2", "sam", "respec"],
+                                        label="methods (hf-greedy / hf-pld: transformers' own greedy and "
+                                              "prompt-lookup decoding)", elem_id="lab-methods")
+    with gr.Group(visible=False) as c["grid_box"]:
+        with gr.Row():
+            c["grid_method"] = gr.Dropdown([m for m in METHODS if m != "vanilla"], value="respec", label="method",
+                                           elem_id="lab-grid-method", scale=1)
+            c["grid"] = gr.Textbox("theta_H=1,2,3;L_min=2,3", label="grid: key=v1,v2;key2=v1,v2 (two keys at most)",
+                                   elem_id="lab-grid", scale=3)
+    c["upload"] = gr.File(label="questions JSONL (optional)", file_types=[".jsonl"], elem_id="lab-upload")
+    with gr.Row():
+        c["run"] = gr.Button("▶ Run Lab", variant="primary", elem_id="lab-run")
+        c["stop"] = gr.Button("■ Stop", elem_id="lab-stop")
+    c["status"] = gr.Markdown("", elem_id="lab-status")
+    c["table"] = gr.Dataframe(label="results so far", interactive=False, elem_id="lab-table", wrap=True)
+    c["plot"] = gr.Plot(label="chart", elem_id="lab-plot")
+    c["download"] = gr.DownloadButton("Download CSV", visible=False, elem_id="lab-download")
+    return c
 
 
 def _cid(key: str) -> str:

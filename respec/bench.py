@@ -15,13 +15,14 @@ tolerance of the model's dtype (0.5 in bf16/fp16, 1e-3 in fp32/fp64): see README
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from respec.config import EngineConfig, is_lossless
 from respec.errors import ConfigError, RespecError
@@ -279,11 +280,15 @@ def compare_to_vanilla(rec: dict, ref: dict, tol: float) -> dict:
 
 
 def run_bench(runner, questions: list[Question], methods: list[str], base: EngineConfig, out_dir: str | Path,
-              progress: bool = True, fresh: bool = False) -> "pandas.DataFrame":
+              progress: bool = True, fresh: bool = False, on_record: Callable[[dict], None] | None = None,
+              should_stop: Callable[[], bool] | None = None, guard: Callable[[], Any] | None = None) -> "pandas.DataFrame":
     """Run every (question, method), vanilla first per question; append each record to
-    results.jsonl as it completes. Rerunning into the same out_dir skips finished records (the
-    run's model, head and settings must be the same: run.json); `fresh` starts over. Writes
-    summary.csv, summary.md, speedup.html and acceptance.html at the end (`write_reports`)."""
+    results.jsonl as it completes (and hand it to `on_record`). Rerunning into the same out_dir
+    skips finished records (the run's model, head and settings must be the same: run.json); `fresh`
+    starts over. `should_stop()` is checked before every record: True ends the run early (the
+    reports then cover what finished). Each record runs inside `guard()` (a context manager, e.g.
+    a lock that keeps other users off a shared model). Writes summary.csv, summary.md, speedup.html and
+    acceptance.html at the end (`write_reports`)."""
     import pandas as pd
     from tqdm import tqdm
 
@@ -315,18 +320,23 @@ def run_bench(runner, questions: list[Question], methods: list[str], base: Engin
             for m in methods:
                 rec = by_key.get((q.question_id, m))
                 if rec is None:
+                    if should_stop is not None and should_stop():
+                        break
                     bar.set_postfix_str(f"q{q.question_id} {q.category} {m}")
-                    if m in PEERS:
-                        rec = run_peer_question(runner, q, m, base.max_new_tokens)
-                    else:
-                        rec = run_question(runner, q, base.with_overrides({"method": m}),
-                                           score_nll=bool(lossy) and (m == "vanilla" or m in lossy),
-                                           keep_margins=m == "vanilla")
+                    with (guard or contextlib.nullcontext)():
+                        if m in PEERS:
+                            rec = run_peer_question(runner, q, m, base.max_new_tokens)
+                        else:
+                            rec = run_question(runner, q, base.with_overrides({"method": m}),
+                                               score_nll=bool(lossy) and (m == "vanilla" or m in lossy),
+                                               keep_margins=m == "vanilla")
                     rec = compare_to_vanilla(rec, rec if m == "vanilla" else by_key[(q.question_id, "vanilla")], tol)
                     by_key[(q.question_id, m)] = rec
                     fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
                     fh.flush()
                     bar.update(1)
+                    if on_record is not None:
+                        on_record(rec)
                 records.append(rec)
     df = pd.DataFrame(records)
     summary = summarize(df)

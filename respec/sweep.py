@@ -15,12 +15,13 @@ Quality is the NLL ratio vs vanilla (lower is better) for relaxed methods and th
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from respec.bench import (RUN_FILE, Question, _atomic_text, _resume_records, _run_identity, compare_to_vanilla,
                           gap_tolerance, run_question, summarize)
@@ -170,8 +171,11 @@ def heatmap_figure(rows: Sequence[dict], grid: Grid, quality: str, method: str):
 
 
 def run_sweep(runner, questions: list[Question], method: str, base: EngineConfig, grid: Grid, out_dir: str | Path,
-              progress: bool = True, fresh: bool = False) -> list[dict]:
-    """Vanilla once per question, then `method` at every grid point; resumable; returns sweep rows."""
+              progress: bool = True, fresh: bool = False, on_record: Callable[[dict], None] | None = None,
+              should_stop: Callable[[], bool] | None = None, guard: Callable[[], Any] | None = None) -> list[dict]:
+    """Vanilla once per question, then `method` at every grid point; resumable; returns sweep rows.
+    `on_record` gets every new record; `should_stop()` True ends the run early; each record runs
+    inside `guard()` (as in run_bench)."""
     import pandas as pd
     from tqdm import tqdm
 
@@ -199,8 +203,11 @@ def run_sweep(runner, questions: list[Question], method: str, base: EngineConfig
             for q in questions:
                 rec = by_key.get((pid, q.question_id))
                 if rec is None:
+                    if should_stop is not None and should_stop():
+                        break
                     bar.set_postfix_str(f"{pid} q{q.question_id}")
-                    rec = run_question(runner, q, cfg, score_nll=nll, keep_margins=point is None)
+                    with (guard or contextlib.nullcontext)():
+                        rec = run_question(runner, q, cfg, score_nll=nll, keep_margins=point is None)
                     ref = rec if point is None else by_key[("vanilla", q.question_id)]
                     rec = compare_to_vanilla(rec, ref, tol)
                     rec["point"] = pid
@@ -208,6 +215,8 @@ def run_sweep(runner, questions: list[Question], method: str, base: EngineConfig
                     fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
                     fh.flush()
                     bar.update(1)
+                    if on_record is not None:
+                        on_record(rec)
                 records.append(rec)
     rows = sweep_rows(pd.DataFrame(records), grid, quality)
     _atomic_text(out_dir / "sweep.csv", pd.DataFrame(rows).to_csv(index=False, float_format="%.4f"))

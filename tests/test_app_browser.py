@@ -146,6 +146,26 @@ def test_empty_prompt_is_reported_in_the_page(page):
     assert not page.errors, f"no JavaScript errors: {page.errors}"
 
 
+def test_the_lab_runs_a_tiny_benchmark_and_offers_the_csv(page, tmp_path):
+    import json
+    q = tmp_path / "questions.jsonl"
+    q.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": ["Name the days of the week."]}) + "\n")
+    page.get_by_role("tab", name="Lab").click()
+    page.locator("#lab-upload input[type=file]").set_input_files(str(q))
+    page.get_by_label("summarization").uncheck()
+    for m in ("eagle2", "respec"):
+        page.locator("#lab-methods").get_by_label(m, exact=True).uncheck()
+    page.locator("#lab-max-new input[type=number]").fill("8")
+    page.locator("#lab-max-new input[type=number]").press("Enter")
+    page.locator("#lab-run").click()
+    expect(page.locator("#lab-status")).to_contain_text("Lab done: 2 runs", timeout=180_000)
+    table = page.locator("#lab-table").inner_text()
+    assert "overall" in table and "sam" in table and "vanilla" in table, table
+    expect(page.locator("#lab-download")).to_be_visible()
+    page.screenshot(path=str(SHOTS / "lab.png"), full_page=True)
+    page.get_by_role("tab", name="Compare").click()
+
+
 def test_a_model_that_fails_to_load_leaves_a_banner_and_replay_mode(browser):
     """A second server whose model cannot load: Run reports it, the banner says replay mode, a
     reload keeps the banner, and the recorded traces still open."""
