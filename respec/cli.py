@@ -63,30 +63,36 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def _questions(args):
+    """The Spec-Bench selection of `bench` and `sweep` (--questions, --categories, --limit-per-category)."""
+    from respec.bench import load_questions
+    cats = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
+    if args.limit_per_category is not None and args.limit_per_category < 1:
+        raise ConfigError("--limit-per-category must be >= 1")
+    return load_questions(args.questions, cats, args.limit_per_category)
+
+
 def cmd_bench(args) -> int:
-    from respec.bench import load_questions, parse_bench_methods, run_bench, summary_markdown
+    from respec.bench import parse_bench_methods, run_bench, speedup_matrix_markdown, summary_table_markdown
     from respec.models import load_target
     from respec.runner import Runner
 
     methods = parse_bench_methods(args.methods)
     overrides = _overrides(args)
-    cats = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
-    if args.limit_per_category is not None and args.limit_per_category < 1:
-        raise ConfigError("--limit-per-category must be >= 1")
-    questions = load_questions(args.questions, cats, args.limit_per_category)
+    questions = _questions(args)
     runner = Runner(load_target(args.model, device=args.device, dtype=args.dtype), head=args.head)
     config = runner.config(overrides)
     print(f"{len(questions)} questions x {len(set(methods) | {'vanilla'})} methods; "
           f"model {args.model} on {runner.target.device} ({runner.target.dtype}); EAGLE head: {runner.head_info}",
           file=sys.stderr)
     summary = run_bench(runner, questions, methods, config, args.out, fresh=args.fresh)
-    print(summary_markdown(summary))
+    print(speedup_matrix_markdown(summary) + "\n")
+    print(summary_table_markdown(summary[summary.category == "overall"]))
     print(f"\nwrote {args.out}/: results.jsonl, summary.csv, summary.md, speedup.html, acceptance.html", file=sys.stderr)
     return 0
 
 
 def cmd_sweep(args) -> int:
-    from respec.bench import load_questions
     from respec.models import load_target
     from respec.runner import Runner, parse_methods
     from respec.config import EngineConfig
@@ -95,10 +101,7 @@ def cmd_sweep(args) -> int:
     method = parse_methods(args.method)[0]
     overrides = _overrides(args)
     grid = parse_grid(args.grid, EngineConfig().with_overrides(overrides))   # 1. everything checked first
-    cats = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
-    if args.limit_per_category is not None and args.limit_per_category < 1:
-        raise ConfigError("--limit-per-category must be >= 1")
-    questions = load_questions(args.questions, cats, args.limit_per_category)
+    questions = _questions(args)
     runner = Runner(load_target(args.model, device=args.device, dtype=args.dtype), head=args.head)
     base = runner.config(overrides)
     grid = parse_grid(args.grid, base)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from respec.bench import (RUN_FILE, Question, _atomic_text, _resume_records, _run_identity, compare_to_vanilla,
+from respec.bench import (RUN_FILE, Question, RecordSink, _atomic_text, _resume_records, _run_identity, compare_to_vanilla,
                           gap_tolerance, run_question, summarize)
 from respec.config import ALIASES, EngineConfig, is_lossless
 from respec.errors import ConfigError, RespecError
@@ -198,6 +198,7 @@ def run_sweep(runner, questions: list[Question], method: str, base: EngineConfig
     with (out_dir / RESULTS_FILE).open("a", encoding="utf-8") as fh, \
             tqdm(total=total, initial=len(by_key), desc=f"sweep {method}", unit="run", disable=not progress,
                  file=sys.stderr) as bar:
+        sink = RecordSink(fh, bar, on_record)
         for pid, point in jobs:
             cfg = base.with_overrides({"method": "vanilla"} if point is None else {**point, "method": method})
             for q in questions:
@@ -212,11 +213,7 @@ def run_sweep(runner, questions: list[Question], method: str, base: EngineConfig
                     rec = compare_to_vanilla(rec, ref, tol)
                     rec["point"] = pid
                     by_key[(pid, q.question_id)] = rec
-                    fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
-                    fh.flush()
-                    bar.update(1)
-                    if on_record is not None:
-                        on_record(rec)
+                    sink.add(rec)
                 records.append(rec)
     rows = sweep_rows(pd.DataFrame(records), grid, quality)
     _atomic_text(out_dir / "sweep.csv", pd.DataFrame(rows).to_csv(index=False, float_format="%.4f"))
