@@ -3,7 +3,7 @@
 Contract: `lab_stream(hub, caps, request, session_dir)` is a generator over dicts keyed by the Lab's
 output names (status, table, plot, download). It validates the request first (questions file,
 categories, counts, methods or grid, the deployment's budget of question x method x token units;
-LabError-free: every RespecError becomes a status message), then runs `respec.bench.run_bench` or
+every RespecError becomes a status message), then runs `respec.bench.run_bench` or
 `respec.sweep.run_sweep` in a worker thread and streams each finished record into the table and
 the chart. Closing the generator (Stop, a closed tab, the time limit) tells the worker to stop
 after the record it is on. The questions come from an uploaded Spec-Bench JSONL or from the dev
@@ -101,10 +101,7 @@ def lab_stream(hub, caps, req: LabRequest, session_dir: str | None = None) -> It
     """Run a Lab request, yielding {"status", "table", "plot", "download"} updates."""
     import pandas as pd
 
-    from app import figures
     from app.settings import build_config
-    from respec.bench import summarize
-    from respec.sweep import heatmap_figure, quality_metric, sweep_rows
 
     # 1. Validate before touching the model.
     try:
@@ -150,7 +147,7 @@ def lab_stream(hub, caps, req: LabRequest, session_dir: str | None = None) -> It
             while not records.empty():
                 done.append(records.get_nowait())
             df = pd.DataFrame(done)
-            table, plot = _views(df, req, what, summarize, sweep_rows, heatmap_figure, quality_metric, base, figures)
+            table, plot = _views(df, req, what, base)
             yield {"status": f"▶ Lab: {len(done)}/{total} runs, {time.perf_counter() - t0:.0f} s", "table": table,
                    "plot": plot}
     finally:
@@ -166,10 +163,14 @@ def lab_stream(hub, caps, req: LabRequest, session_dir: str | None = None) -> It
            if csv.is_file() else None}
 
 
-def _views(df, req: LabRequest, what, summarize, sweep_rows, heatmap_figure, quality_metric, base, figures):
+def _views(df, req: LabRequest, what, base):
     """(table, figure) for the records so far."""
     import pandas as pd
     import plotly.graph_objects as go
+
+    from app import figures
+    from respec.bench import summarize
+    from respec.sweep import heatmap_figure, quality_metric, sweep_rows
 
     if df.empty or "vanilla" not in set(df.method):
         return pd.DataFrame(), figures.empty_figure("waiting for the first vanilla run", 420)
