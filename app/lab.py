@@ -52,8 +52,16 @@ class LabRequest:
     settings: dict | None = None     # extra engine settings (the page's current values)
 
 
-def plan(req: LabRequest, caps, budget: int | None = None):
-    """Validate a request -> (questions, methods or (method, Grid), units). Raises RespecError."""
+@dataclass(frozen=True)
+class LabPlan:
+    questions: list                  # respec.bench.Question
+    what: Any                        # methods (vanilla first), or (method, Grid)
+    runs: int                        # runs per question: methods, or grid points + vanilla
+    units: int                       # turns x runs x max new tokens (the budgeted quantity)
+
+
+def plan(req: LabRequest, caps, budget: int | None = None) -> LabPlan:
+    """Validate a request -> LabPlan. Raises RespecError."""
     from respec.bench import CATEGORIES, load_questions, parse_bench_methods
     from respec.sweep import parse_grid
 
@@ -78,8 +86,8 @@ def plan(req: LabRequest, caps, budget: int | None = None):
     turns = sum(len(q.turns) for q in questions)
     if req.mode == "methods":
         methods = parse_bench_methods(list(req.methods) or ["vanilla"])
-        runs = len(set(methods) | {"vanilla"})
         what: Any = ["vanilla"] + [m for m in methods if m != "vanilla"]
+        runs = len(what)
     else:
         from respec.config import EngineConfig
         grid = parse_grid(req.grid, EngineConfig().with_overrides(dict(req.settings or {})))
@@ -94,7 +102,7 @@ def plan(req: LabRequest, caps, budget: int | None = None):
         raise ConfigError(f"this run is {turns} turns x {runs} runs x {int(req.max_new_tokens)} tokens = {units:,} "
                           f"units; this deployment allows {budget:,} (RESPEC_LAB_BUDGET). Pick fewer questions, "
                           f"methods or grid values, or fewer tokens.")
-    return questions, what, units
+    return LabPlan(questions, what, runs, units)
 
 
 def lab_stream(hub, caps, req: LabRequest, session_dir: str | None = None) -> Iterator[dict[str, Any]]:
@@ -105,7 +113,7 @@ def lab_stream(hub, caps, req: LabRequest, session_dir: str | None = None) -> It
 
     # 1. Validate before touching the model.
     try:
-        questions, what, units = plan(req, caps)
+        p = plan(req, caps)
         runner = hub.runner()
         base = build_config(dict(req.settings or {}) | {"max_new_tokens": int(req.max_new_tokens)}, "vanilla",
                             hub.device(), caps)
@@ -113,7 +121,8 @@ def lab_stream(hub, caps, req: LabRequest, session_dir: str | None = None) -> It
         yield {"status": f"⚠ {exc}"}
         return
     out_dir = Path(tempfile.mkdtemp(prefix="lab-", dir=session_dir))
-    total = sum(1 for _ in questions) * (len(what) if req.mode == "methods" else len(what[1].points()) + 1)
+    questions, what, units = p.questions, p.what, p.units
+    total = len(questions) * p.runs
     records: "queue.Queue[dict]" = queue.Queue()
     stop = threading.Event()
     failure: list[BaseException] = []

@@ -111,13 +111,8 @@ PLD_TOKENS = 10                          # transformers' prompt_lookup_num_token
 def parse_bench_methods(text: str | Sequence[str]) -> list[str]:
     """Engine methods and peers, in order, without duplicates. Raises ConfigError."""
     from respec.config import IMPLEMENTED_METHODS
-    items = [m.strip() for m in (text.split(",") if isinstance(text, str) else text) if m.strip()]
-    if not items:
-        raise ConfigError("no methods given")
-    for m in items:
-        if m not in IMPLEMENTED_METHODS and m not in PEERS:
-            raise ConfigError(f"unknown method {m!r}; choose from {', '.join(IMPLEMENTED_METHODS + PEERS)}")
-    return list(dict.fromkeys(items))
+    from respec.runner import parse_methods
+    return parse_methods(text, IMPLEMENTED_METHODS + PEERS)
 
 
 def _record(q: Question, method: str, *, new_tokens: int, wall: float, steps: int, committed: int,
@@ -184,10 +179,8 @@ def hf_generate(runner, prompt_ids: Sequence[int], method: str, max_new_tokens: 
     import torch
 
     model, target = runner.target.model, runner.target
-    tok = runner.tokenizer
     eos = sorted(target.eos_token_ids)
-    pad = getattr(tok, "pad_token_id", None) if tok is not None else None
-    pad = pad if pad is not None else (eos[0] if eos else 0)
+    pad = target.pad_token_id
     kwargs = {"prompt_lookup_num_tokens": PLD_TOKENS} if method == "hf-pld" else {}
     calls = [0]
     hook = model.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))

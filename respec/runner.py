@@ -99,12 +99,15 @@ class Runner:
         return engine, ids, engine.stream(ids)
 
 
-def parse_methods(text: str | Sequence[str]) -> list[str]:
+def parse_methods(text: str | Sequence[str], allowed: Sequence[str] | None = None) -> list[str]:
+    """"a,b" or a list -> method names in order without duplicates, each one of `allowed` (default:
+    the engine's methods). Raises ConfigError."""
     from respec.config import IMPLEMENTED_METHODS
+    allowed = tuple(allowed or IMPLEMENTED_METHODS)
     items = [m.strip() for m in (text.split(",") if isinstance(text, str) else text) if m.strip()]
     if not items:
         raise ConfigError("no methods given")
     for m in items:
-        if m not in IMPLEMENTED_METHODS:
-            raise ConfigError(f"unknown method {m!r}; choose from {', '.join(IMPLEMENTED_METHODS)}")
+        if m not in allowed:
+            raise ConfigError(f"unknown method {m!r}; choose from {', '.join(allowed)}")
     return list(dict.fromkeys(items))

@@ -124,6 +124,17 @@ def run_client(url: str, rows: list[Request], timeout: float) -> None:
             req.error = f"{type(exc).__name__}: {exc}"[:300]
 
 
+def run_round(url: str, rows: list[list[Request]], deadline: float) -> list[threading.Thread]:
+    """One client thread per row, all at once, joined by the deadline; returns those still running."""
+    remaining = max(10.0, deadline - time.monotonic())
+    threads = [threading.Thread(target=run_client, args=(url, row, remaining), daemon=True) for row in rows]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=max(1.0, deadline - time.monotonic()))
+    return [t for t in threads if t.is_alive()]
+
+
 def fifo_violations(reqs: list[Request], slack: float) -> list[str]:
     """Pairs where a request finished after one submitted more than `slack` seconds later."""
     bad = []
@@ -188,11 +199,7 @@ def main(argv=None) -> int:
         report["memory_after_model_load_mb"] = round(rss_mb(server.pid), 1)
         for _ in range(args.warmup_rounds):
             warm = make_requests(args.clients, args.requests_per_client, args.max_new_tokens)
-            ts = [threading.Thread(target=run_client, args=(url, row, args.timeout), daemon=True) for row in warm]
-            for t in ts:
-                t.start()
-            for t in ts:
-                t.join(timeout=max(1.0, deadline - time.monotonic()))
+            run_round(url, warm, deadline)
             report.setdefault("memory_after_warmup_rounds_mb", []).append(round(rss_mb(server.pid), 1))
             if any(r.error for row in warm for r in row):
                 raise SystemExit("the warm-up round had errors: " + "; ".join(
@@ -212,18 +219,12 @@ def main(argv=None) -> int:
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
         start = time.perf_counter()
-        remaining = max(10.0, deadline - time.monotonic())
-        threads = [threading.Thread(target=run_client, args=(url, row, remaining), daemon=True) for row in rows]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=max(1.0, deadline - time.monotonic()))
+        alive = run_round(url, rows, deadline)
         wall = time.perf_counter() - start
         stop.set()
         sampler.join()
         time.sleep(3)
         after = rss_mb(server.pid)
-        alive = [t for t in threads if t.is_alive()]
 
         # 4. checks
         reqs = [r for row in rows for r in row]

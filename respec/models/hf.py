@@ -49,6 +49,14 @@ class HFTarget:
         return self._embed.weight.dtype
 
     @property
+    def pad_token_id(self) -> int:
+        """The tokenizer's pad id, else the model config's, else the smallest stop token (else 0)."""
+        for v in (getattr(self.tokenizer, "pad_token_id", None), getattr(self.model.config, "pad_token_id", None)):
+            if isinstance(v, int):
+                return v
+        return min(self.eos_token_ids) if self.eos_token_ids else 0
+
+    @property
     def kv_len(self) -> int:
         """Committed positions in the cache."""
         if self.cache is None:

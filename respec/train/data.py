@@ -157,14 +157,6 @@ def response_key(prompt_ids: Sequence[int], max_new_tokens: int) -> str:
     return hashlib.sha1(json.dumps([list(prompt_ids), max_new_tokens]).encode()).hexdigest()[:20]
 
 
-def _pad_id(target) -> int:
-    tok = getattr(target, "tokenizer", None)
-    for v in (getattr(tok, "pad_token_id", None), getattr(target.model.config, "pad_token_id", None)):
-        if isinstance(v, int):
-            return v
-    return min(target.eos_token_ids) if target.eos_token_ids else 0
-
-
 def encode_prompts(target, prompts: Sequence[Prompt], chat: bool = True, max_prompt_tokens: int = 1024
                    ) -> list[tuple[Prompt, list[int]]]:
     from respec.models.loading import encode_prompt
@@ -189,7 +181,7 @@ def generate_responses(target, prompts: Sequence[Prompt], store: ResponseStore, 
     todo = [(p, ids) for p, ids in encode_prompts(target, prompts, chat=chat)
             if response_key(ids, max_new_tokens) not in done]
     todo.sort(key=lambda x: len(x[1]))           # similar lengths per batch: little padding
-    pad, eos = _pad_id(target), sorted(target.eos_token_ids)
+    pad, eos = target.pad_token_id, sorted(target.eos_token_ids)
     model, dev = target.model, target.device
     pending: list[dict] = []
     added = 0
