@@ -149,7 +149,8 @@ def cmd_train_eagle(args) -> int:
     tc = TrainConfig(steps=args.steps, batch_size=args.batch_size, max_len=args.max_len, lr=args.lr,
                      warmup=args.warmup, grad_clip=args.grad_clip, noise=args.noise,
                      val_fraction=args.val_fraction, eval_every=args.eval_every, save_every=args.save_every,
-                     seed=args.seed, init_from_last_layer=args.init_from_last_layer).validate()
+                     seed=args.seed, init_from_last_layer=args.init_from_last_layer,
+                     cache_features=args.cache_features, draft_vocab=args.draft_vocab).validate()
     pc = PipelineConfig(spec_bench=None if args.no_spec_bench else args.spec_bench,
                         prompts_files=list(args.prompts_file or []), builtin=not args.no_builtin_prompts,
                         max_prompts=args.max_prompts, gen_max_new_tokens=args.gen_max_new_tokens,
@@ -233,6 +234,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--warmup", type=int, default=100)
     t.add_argument("--grad-clip", type=float, default=0.5, help="clip_grad_value_ bound")
     t.add_argument("--noise", type=float, default=0.2, help="uniform feature noise width")
+    t.add_argument("--cache-features", action="store_true",
+                   help="compute target features once and keep them in memory (tokens x hidden x 2 bytes)")
+    t.add_argument("--draft-vocab", type=int, default=0,
+                   help="cross-entropy over the N most frequent next tokens (0 = full vocabulary); "
+                        "inference still uses the full lm_head")
     t.add_argument("--val-fraction", type=float, default=0.05)
     t.add_argument("--eval-every", type=int, default=500)
     t.add_argument("--save-every", type=int, default=200)

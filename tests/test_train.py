@@ -13,7 +13,8 @@ from respec.train.data import (Example, Prompt, ResponseStore, generate_response
                                offline_texts, text_examples)
 from respec.train.pipeline import PipelineConfig, collect_prompts
 from respec.train.prompts import CATEGORIES, builtin_prompts
-from respec.train.trainer import (TrainConfig, collate, head_forward, make_head, target_features, train_eagle)
+from respec.train.trainer import (FeatureCache, TrainConfig, collate, frequent_next_tokens, head_forward, make_head,
+                                  target_features, train_eagle)
 from tests.conftest import make_target, run
 
 
@@ -107,6 +108,50 @@ def test_training_lowers_loss_raises_top1_and_output_loads_back(llama_data, tmp_
     assert trained.stats.mean_accepted_length > untrained.stats.mean_accepted_length
 
 
+def test_frequent_next_tokens_counts_only_covered_positions():
+    ex = [Example("a", (9, 9, 5, 5, 5, 7), 2), Example("b", (7, 4, 4, 6), 0), Example("c", (3, 3, 3, 3, 8, 8), 1)]
+    # covered with max_len 5: a -> 5 5 5 (7 is cut); b -> 4 4 6 (position 0 is never predicted); c -> 3 3 3 8
+    assert frequent_next_tokens(ex, 2, max_len=5).tolist() == [3, 5]       # 3 x3, 5 x3 (ties by id), then 4 x2
+    assert frequent_next_tokens(ex, 3, max_len=5).tolist() == [3, 4, 5]
+    assert frequent_next_tokens(ex, 99, max_len=5).tolist() == [3, 4, 5, 6, 8]
+
+
+def test_feature_cache_equals_recomputed_features(llama_data):
+    target, store = llama_data
+    ex = store.examples()[:11]
+    cache = FeatureCache(target, ex, max_len=20, batch_tokens=64, progress=False)
+    ids, _ = collate(ex, 20)
+    want = target_features(target, ids)
+    got = cache.batch(ex, ids.shape[1])
+    for b, e in enumerate(ex):
+        n = min(len(e.ids), 20)
+        assert torch.allclose(got[b, :n], want[b, :n], atol=1e-12)
+        assert not got[b, n:].any()
+
+
+def test_cached_reduced_vocab_training_matches_and_still_learns(llama_data, tmp_path):
+    target, store = llama_data
+    ex = store.examples()
+    base = dict(steps=12, batch_size=8, lr=3e-3, warmup=2, eval_every=6, save_every=6, seed=2)
+    train_eagle(target, ex, tmp_path / "plain", TrainConfig(**base), progress=False, log=lambda m: None)
+    train_eagle(target, ex, tmp_path / "cached", TrainConfig(**base, cache_features=True), progress=False,
+                log=lambda m: None)
+    a = torch.load(tmp_path / "plain" / "checkpoint.pt", weights_only=False)["head"]
+    b = torch.load(tmp_path / "cached" / "checkpoint.pt", weights_only=False)["head"]
+    assert all(torch.allclose(a[k], b[k], atol=1e-9) for k in a), "Cached features must train the same head."
+
+    out = tmp_path / "reduced"
+    cfg = TrainConfig(steps=300, batch_size=8, lr=3e-3, warmup=20, eval_every=100, save_every=100,
+                      val_fraction=0.15, seed=0, cache_features=True, draft_vocab=40)
+    last = train_eagle(target, ex, out, cfg, progress=False, log=lambda m: None)
+    init = _log(out)[0]
+    assert last["val_loss"] < 0.8 * init["val_loss"] and last["val_top1"] > init["val_top1"] + 0.2
+    head = load_eagle_head(out, target)
+    prompt = list(ex[1].ids[:ex[1].start])
+    assert run(target, "eagle2", prompt, head=head, max_new_tokens=40).tokens == \
+        run(target, "vanilla", prompt, max_new_tokens=40).tokens
+
+
 def test_resume_continues_exactly_from_the_saved_step(llama_data, tmp_path):
     target, store = llama_data
     ex = store.examples()
@@ -139,7 +184,7 @@ def test_resume_continues_exactly_from_the_saved_step(llama_data, tmp_path):
 def test_bad_arguments_raise_clear_errors(llama_data, tmp_path):
     target, store = llama_data
     for bad in [dict(steps=0), dict(lr=-1.0), dict(lr=float("nan")), dict(batch_size=0), dict(val_fraction=0.9),
-                dict(v_weight=0.0, p_weight=0.0), dict(steps=2.5)]:
+                dict(v_weight=0.0, p_weight=0.0), dict(steps=2.5), dict(draft_vocab=-1), dict(draft_vocab=1.5)]:
         with pytest.raises(ConfigError):
             TrainConfig(**bad).validate()
     with pytest.raises(RespecError, match="cannot resume"):

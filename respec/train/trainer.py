@@ -12,6 +12,16 @@ The training forward calls the head's own modules (`fc`, `layers[0]`, `rotary`) 
 with right padding and the causal mask; padded positions never precede real ones, so no padding
 mask is needed, and a test checks it equals `EagleHead.forward` on each sequence.
 
+Speed options (CPU training is dominated by two costs, measured on the default model: the target
+forward that makes features, and the 49k-vocab lm_head in the soft cross-entropy):
+- `cache_features`: compute every example's features once, keep them in memory in the target's
+  dtype, and train from them (features do not change: the target is frozen). Costs
+  tokens x hidden x 2 bytes of memory (about 0.5 GB for 450k tokens of a 576-wide model).
+- `draft_vocab = N > 0`: the soft cross-entropy (and the running train top-1) are computed over the
+  N token ids that most often are the target's next token in the training data (a fixed sampled
+  softmax; the target's distribution is renormalised over them). Inference is unchanged: the head
+  still drafts through the full shared lm_head; validation top-1 is always over the full vocabulary.
+
 Optimiser: AdamW (betas 0.9/0.95), `clip_grad_value_`, linear warm-up then linear decay to
 `min_lr_ratio` at `steps`. The head trains in float32 (float64 for float64 targets) and is saved in
 the published format (config.json + model.safetensors) via `save_eagle_head`.
@@ -61,10 +71,12 @@ class TrainConfig:
     save_every: int = 200
     seed: int = 0
     init_from_last_layer: bool = False
+    cache_features: bool = False
+    draft_vocab: int = 0               # 0 = full vocabulary in the cross-entropy
 
     def validate(self) -> "TrainConfig":
         ints = {"steps": 1, "batch_size": 1, "max_len": 4, "warmup": 0, "val_max_examples": 1,
-                "eval_every": 1, "save_every": 1}
+                "eval_every": 1, "save_every": 1, "draft_vocab": 0}
         for name, low in ints.items():
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < low:
@@ -135,7 +147,8 @@ def make_head(target, *, seed: int = 0, init_from_last_layer: bool = False):
 
 
 class LMHead:
-    """The target's frozen output layer in the training dtype (softcap as the target applies it)."""
+    """The target's frozen output layer in the training dtype (softcap as the target applies it),
+    optionally restricted to a subset of the vocabulary (`subset`)."""
 
     def __init__(self, target, dtype: torch.dtype) -> None:
         head = target.model.get_output_embeddings()
@@ -143,11 +156,66 @@ class LMHead:
         self.bias = None if getattr(head, "bias", None) is None else head.bias.detach().to(dtype)
         self.softcap = target.softcap
 
+    def subset(self, ids: torch.Tensor) -> "LMHead":
+        sub = object.__new__(LMHead)
+        sub.weight = self.weight[ids].contiguous()
+        sub.bias = None if self.bias is None else self.bias[ids].contiguous()
+        sub.softcap = self.softcap
+        return sub
+
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
         logits = F.linear(h, self.weight, self.bias)
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
+
+
+def frequent_next_tokens(examples: Sequence[Example], n: int, max_len: int) -> torch.Tensor:
+    """The `n` ids that most often are a covered next token (positions >= max(start, 1), within
+    max_len) in `examples`, most frequent first, ties by id: the reduced cross-entropy vocabulary."""
+    from collections import Counter
+    counts: Counter = Counter()
+    for e in examples:
+        counts.update(e.ids[max(e.start, 1):max_len])
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+    return torch.tensor(sorted(i for i, _ in ranked), dtype=torch.long)
+
+
+class FeatureCache:
+    """Target features of each example, computed once: key -> [min(len, max_len), H] in the target's
+    dtype on the CPU. Examples are batched by similar length so little padding is computed."""
+
+    def __init__(self, target, examples: Sequence[Example], max_len: int, batch_tokens: int = 4096,
+                 progress: bool = True) -> None:
+        from tqdm.auto import tqdm
+        self.feats: dict[str, torch.Tensor] = {}
+        todo = sorted({e.key: e for e in examples}.values(), key=lambda e: len(e.ids))
+        bar = tqdm(total=sum(min(len(e.ids), max_len) for e in todo), desc="target features", unit="tok",
+                   disable=not progress)
+        i = 0
+        while i < len(todo):
+            T = min(len(todo[i].ids), max_len)
+            j = i + 1
+            while j < len(todo) and min(len(todo[j].ids), max_len) * (j - i + 1) <= batch_tokens:
+                j += 1
+            group = todo[i:j]
+            ids, _ = collate(group, max_len)
+            f = target_features(target, ids).cpu()
+            for k, e in enumerate(group):
+                n = min(len(e.ids), max_len)
+                self.feats[e.key] = f[k, :n].clone()
+                bar.update(n)
+            i = j
+        bar.close()
+
+    def batch(self, examples: Sequence[Example], T: int) -> torch.Tensor:
+        """[B, T, H] right-padded with zeros (padding is never covered by the loss mask)."""
+        first = self.feats[examples[0].key]
+        out = torch.zeros((len(examples), T, first.shape[-1]), dtype=first.dtype)
+        for b, e in enumerate(examples):
+            f = self.feats[e.key]
+            out[b, :f.shape[0]] = f
+        return out
 
 
 @torch.inference_mode()
@@ -183,11 +251,15 @@ def collate(examples: Sequence[Example], max_len: int, pad: int = 0) -> tuple[to
 
 
 def batch_loss(head, target, lm: LMHead, ids: torch.Tensor, mask: torch.Tensor, cfg: TrainConfig,
-               noise: bool, generator: torch.Generator | None = None) -> dict:
+               noise: bool, generator: torch.Generator | None = None, feats: torch.Tensor | None = None) -> dict:
+    """Loss on one batch; `feats` [B, T, H] are cached target features of `ids` (computed if None),
+    `lm` may be a vocabulary subset (LMHead.subset) for the cross-entropy and top-1."""
     dtype = lm.weight.dtype
     dev = target.device
     mask = mask.to(dev)
-    feats = target_features(target, ids).to(dtype).clone()             # [B, T, H]
+    if feats is None:
+        feats = target_features(target, ids)
+    feats = feats.to(device=dev, dtype=dtype).clone()                   # [B, T, H]
     emb = target.embed(ids[:, 1:].to(dev)).detach().to(dtype)
     inp = feats[:, :-1]
     if noise and cfg.noise > 0:
@@ -231,13 +303,16 @@ def split(examples: Sequence[Example], val_fraction: float, val_max: int) -> tup
 
 
 @torch.no_grad()
-def evaluate(head, target, lm: LMHead, examples: Sequence[Example], cfg: TrainConfig) -> dict:
+def evaluate(head, target, lm: LMHead, examples: Sequence[Example], cfg: TrainConfig,
+             cache: FeatureCache | None = None) -> dict:
     was = head.training
     head.eval()
     tot = {"loss": 0.0, "vloss": 0.0, "ploss": 0.0, "correct": 0, "count": 0}
     for i in range(0, len(examples), cfg.batch_size):
-        ids, mask = collate(examples[i:i + cfg.batch_size], cfg.max_len)
-        r = batch_loss(head, target, lm, ids, mask, cfg, noise=False)
+        chunk = examples[i:i + cfg.batch_size]
+        ids, mask = collate(chunk, cfg.max_len)
+        feats = cache.batch(chunk, ids.shape[1]) if cache is not None else None
+        r = batch_loss(head, target, lm, ids, mask, cfg, noise=False, feats=feats)
         c = r["count"]
         tot["loss"] += float(r["loss"]) * c
         tot["vloss"] += r["vloss"] * c
@@ -292,8 +367,10 @@ def train_eagle(target, examples: Sequence[Example], out_dir: str | Path, cfg: T
             raise RespecError(f"checkpoint in {out} was trained for {state.get('target')!r}, not {slug!r}")
         saved = TrainConfig(**state["config"])
         # the run's shape stays as it was; cadence and length may change
+        # (speed options may change too: they do not change what is learned, only how fast)
         cfg = dataclasses.replace(saved, steps=cfg.steps, eval_every=cfg.eval_every,
-                                  save_every=cfg.save_every).validate()
+                                  save_every=cfg.save_every, cache_features=cfg.cache_features,
+                                  draft_vocab=cfg.draft_vocab).validate()
         if state["step"] >= cfg.steps:
             log(f"checkpoint is already at step {state['step']} >= --steps {cfg.steps}; writing the head only")
 
@@ -309,6 +386,12 @@ def train_eagle(target, examples: Sequence[Example], out_dir: str | Path, cfg: T
         step, epoch, pos = state["step"], state["epoch"], state["pos"]
         gen.set_state(state["noise_rng"])
     lm = LMHead(target, train_dtype(target))
+    lm_train = lm
+    if cfg.draft_vocab:
+        vocab = frequent_next_tokens(train, cfg.draft_vocab, cfg.max_len)
+        lm_train = lm.subset(vocab.to(lm.weight.device))
+        log(f"cross-entropy over the {len(vocab)} most frequent next tokens of the training data")
+    cache = FeatureCache(target, train + val, cfg.max_len, progress=progress) if cfg.cache_features else None
     out.mkdir(parents=True, exist_ok=True)
     (out / "train_config.json").write_text(json.dumps(
         {**dataclasses.asdict(cfg), "target": slug, "train_examples": len(train), "val_examples": len(val),
@@ -330,7 +413,7 @@ def train_eagle(target, examples: Sequence[Example], out_dir: str | Path, cfg: T
                "train_loss": run["loss"] / run["batches"] if run["batches"] else None,
                "train_vloss": run["vloss"] / c if c else None, "train_ploss": run["ploss"] / c if c else None,
                "train_top1": run["correct"] / c if c else None, "train_tokens": c}
-        v = evaluate(head, target, lm, val, cfg) if val else {}
+        v = evaluate(head, target, lm, val, cfg, cache) if val else {}
         rec.update({f"val_{k}": x for k, x in v.items()})
         rec["elapsed_s"] = round(time.perf_counter() - t0, 2)
         with open(out / LOG, "a", encoding="utf-8") as fh:
@@ -357,7 +440,8 @@ def train_eagle(target, examples: Sequence[Example], out_dir: str | Path, cfg: T
         ids, mask = collate(batch, cfg.max_len)
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg)
-        r = batch_loss(head, target, lm, ids, mask, cfg, noise=True, generator=gen)
+        feats = cache.batch(batch, ids.shape[1]) if cache is not None else None
+        r = batch_loss(head, target, lm_train, ids, mask, cfg, noise=True, generator=gen, feats=feats)
         opt.zero_grad(set_to_none=True)
         if r["count"]:
             r["loss"].backward()
