@@ -237,8 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--cache-features", action="store_true",
                    help="compute target features once and keep them in memory (tokens x hidden x 2 bytes)")
     t.add_argument("--draft-vocab", type=int, default=0,
-                   help="cross-entropy over the N most frequent next tokens (0 = full vocabulary); "
-                        "inference still uses the full lm_head")
+                   help="cross-entropy and drafting over the N most frequent next tokens of the training "
+                        "data (0 = full vocabulary); saved with the head as d2t")
     t.add_argument("--val-fraction", type=float, default=0.05)
     t.add_argument("--eval-every", type=int, default=500)
     t.add_argument("--save-every", type=int, default=200)

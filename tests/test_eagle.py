@@ -102,6 +102,39 @@ def test_published_checkpoint_format_loads_and_is_lossless(tmp_path, arch, qkv, 
     assert out.tokens == ref.tokens
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_reduced_draft_vocabulary_round_trips_drafts_only_its_ids_and_is_lossless(tmp_path, arch):
+    from safetensors.torch import load_file
+    target = make_target(arch, seed=1)
+    head = random_head(target, seed=5, qkv_bias=arch == "qwen2")
+    vocab = torch.tensor(sorted({3, 9} | set(range(20, 120, 3))))               # [Vd] target ids
+    head.draft_vocab = vocab
+    save_eagle_head(head, tmp_path)
+    d2t = load_file(str(tmp_path / "model.safetensors"))["d2t"]
+    assert torch.equal(torch.arange(len(vocab)) + d2t, vocab), "d2t follows EAGLE-3: target = i + d2t[i]."
+    assert json.loads((tmp_path / "config.json").read_text())["draft_vocab_size"] == len(vocab)
+    loaded = load_eagle_head(tmp_path, target)
+    assert torch.equal(loaded.draft_vocab, vocab)
+
+    # drafted tokens come from the draft vocabulary; scores are log-softmax over its lm_head rows
+    drafter = Eagle2Drafter(target, loaded, TreeConfig(total_tokens=12, depth=3, top_k=3))
+    pre = target.prefill(PROMPT)
+    drafter.reset(PROMPT, pre.hidden)
+    root = int(pre.logits[-1].argmax())
+    tree = drafter.draft_tree(list(PROMPT), root)
+    assert tree.num_draft == 11 and set(tree.tokens[1:]) <= set(vocab.tolist())
+    drafter.reset(PROMPT, pre.hidden)
+    f, logp = drafter.catch_up(list(PROMPT), root)
+    full = torch.log_softmax(target.lm_head(f[None])[0, vocab].float(), -1)
+    assert torch.allclose(logp, full, atol=1e-9)
+    assert {tree.tokens[i] for i in range(1, tree.size) if tree.parents[i] == 0} == \
+        set(vocab[full.topk(3).indices].tolist())
+
+    ref = run(target, "vanilla", PROMPT, max_new_tokens=24)
+    for method in ("eagle2", "sam"):
+        assert run(target, method, PROMPT, head=loaded, max_new_tokens=24).tokens == ref.tokens
+
+
 def test_bad_checkpoints_give_clear_errors(tmp_path):
     target = make_target("llama")
     with pytest.raises(ModelLoadError, match="config.json"):
@@ -113,6 +146,14 @@ def test_bad_checkpoints_give_clear_errors(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(ModelLoadError):
         load_eagle_head(tmp_path, target)
+    from safetensors.torch import load_file, save_file
+    good = tmp_path / "good"
+    save_eagle_head(random_head(target, seed=0), good)
+    state = load_file(str(good / "model.safetensors"))
+    for bad in (torch.tensor([0, 500]), torch.tensor([5, 4]), torch.tensor([-1, 0])):   # out of range, duplicate, negative
+        save_file({**state, "d2t": bad}, str(good / "model.safetensors"))
+        with pytest.raises(ModelLoadError, match="d2t"):
+            load_eagle_head(good, target)
 
 
 def test_choose_size_keeps_nodes_only_while_they_pay():

@@ -147,6 +147,9 @@ def test_cached_reduced_vocab_training_matches_and_still_learns(llama_data, tmp_
     init = _log(out)[0]
     assert last["val_loss"] < 0.8 * init["val_loss"] and last["val_top1"] > init["val_top1"] + 0.2
     head = load_eagle_head(out, target)
+    covered = {t for e in ex for t in e.ids[max(e.start, 1):]}
+    assert head.draft_vocab.numel() == 40 and set(head.draft_vocab.tolist()) <= covered, \
+        "The head drafts over the reduced vocabulary it was trained on (saved as d2t)."
     prompt = list(ex[1].ids[:ex[1].start])
     assert run(target, "eagle2", prompt, head=head, max_new_tokens=40).tokens == \
         run(target, "vanilla", prompt, max_new_tokens=40).tokens

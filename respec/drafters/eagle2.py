@@ -13,6 +13,11 @@ Contract (ALGORITHMS.md §4):
 - Checkpoints: a directory with `config.json` and `pytorch_model.bin` or `model.safetensors`, keys as
   published (`fc.weight`, `fc.bias`, `layers.0.self_attn.q_proj.weight`, ...; `embed_tokens.weight`
   is accepted and ignored). qkv bias and fc bias are inferred from the keys.
+- Optional reduced draft vocabulary (EAGLE-3's convention): a `d2t` tensor in the weights maps draft
+  index i to target id i + d2t[i] (`t2d` is accepted and ignored). Such a head drafts only those
+  ids, through the matching rows of the target's lm_head (a 6x smaller matmul on the default model);
+  verification is unchanged, so output stays lossless. Published EAGLE-1/2 heads have no `d2t` and
+  draft over the full vocabulary.
 """
 from __future__ import annotations
 
@@ -74,6 +79,26 @@ class EagleHead(nn.Module):
         layer.input_layernorm = nn.Identity()        # EAGLE omits layer 0's input norm
         self.layers = nn.ModuleList([layer])
         self.rotary = LlamaRotaryEmbedding(config)
+        self.draft_vocab: torch.Tensor | None = None  # [Vd] target ids the head drafts (None = all)
+        self._draft_rows = None                      # (target id, weight rows, bias rows), cached
+
+    def draft_logits(self, target: TargetModel, out: torch.Tensor) -> torch.Tensor:
+        """Logits of predicted features out [q, H] over the draft vocabulary: [q, V] (all target
+        ids) or [q, Vd] (index i is target id draft_vocab[i]); the target's own lm_head rows."""
+        if self.draft_vocab is None:
+            return target.lm_head(out)
+        if self._draft_rows is None or self._draft_rows[0] is not target:
+            lm = target.model.get_output_embeddings()
+            ids = self.draft_vocab.to(lm.weight.device)
+            bias = getattr(lm, "bias", None)
+            self._draft_rows = (target, lm.weight.detach()[ids].contiguous(),
+                                None if bias is None else bias.detach()[ids].contiguous())
+        _, w, b = self._draft_rows
+        logits = torch.nn.functional.linear(out.to(w.device, w.dtype), w, b)
+        softcap = getattr(target, "softcap", None)
+        if softcap:
+            logits = torch.tanh(logits / softcap) * softcap
+        return logits
 
     def forward(self, emb: torch.Tensor, feat: torch.Tensor, positions: torch.Tensor,
                 cache: DynamicCache, mask: torch.Tensor | None) -> torch.Tensor:
@@ -128,14 +153,23 @@ def load_eagle_head(path: str | Path, target: TargetModel) -> EagleHead:
     if cfg.hidden_size != target.hidden_size:
         raise ModelLoadError(f"EAGLE head at {path} has hidden size {cfg.hidden_size}, "
                              f"but the target has {target.hidden_size}")
-    state = {k: v for k, v in state.items() if not k.startswith("embed_tokens")}
+    state = {k: v for k, v in state.items() if not k.startswith("embed_tokens") and k != "t2d"}
+    d2t = state.pop("d2t", None)
     head = EagleHead(cfg, qkv_bias="layers.0.self_attn.q_proj.bias" in state,
                      fc_bias="fc.bias" in state)
     missing, unexpected = head.load_state_dict(state, strict=False)
     missing = [k for k in missing if not k.startswith("rotary")]
     if missing or unexpected:
         raise ModelLoadError(f"EAGLE head at {path}: missing keys {missing}, unexpected keys {unexpected}")
-    return _to_target(head, target)
+    if d2t is not None:
+        vocab = torch.arange(d2t.numel()) + d2t.reshape(-1).long()
+        n = target.model.get_output_embeddings().weight.shape[0]
+        if vocab.numel() == 0 or int(vocab.min()) < 0 or int(vocab.max()) >= n or vocab.unique().numel() != vocab.numel():
+            raise ModelLoadError(f"EAGLE head at {path}: its d2t draft vocabulary is not a set of distinct "
+                                 f"ids of the target's {n}-token vocabulary")
+        head.draft_vocab = vocab
+    head = _to_target(head, target)
+    return head
 
 
 def save_eagle_head(head: EagleHead, path: str | Path) -> None:
@@ -149,6 +183,10 @@ def save_eagle_head(head: EagleHead, path: str | Path) -> None:
                 "bias": head.fc.bias is not None, "qkv_bias": head.qkv_bias})
     state = {k: v.detach().to("cpu").contiguous() for k, v in head.state_dict().items()
              if not k.startswith("rotary")}
+    if head.draft_vocab is not None:
+        vocab = head.draft_vocab.detach().to("cpu").long()
+        state["d2t"] = (vocab - torch.arange(vocab.numel())).contiguous()
+        cfg["draft_vocab_size"] = int(vocab.numel())
     (path / "config.json").write_text(json.dumps(cfg, indent=2))
     save_file(state, str(path / "model.safetensors"))
 
@@ -168,9 +206,10 @@ class _Node:
 
 
 def expand_tree(step_fn: StepFn, root: int, root_feat: torch.Tensor, root_logp: torch.Tensor,
-                cfg: TreeConfig) -> DraftTree:
+                cfg: TreeConfig, vocab: torch.Tensor | None = None) -> DraftTree:
     """EAGLE-2 dynamic tree. root_feat: [H] f̂ predicted at the root's position; root_logp: [V] the
     head's log-probs for the token after the root. Returns a tree of at most cfg.total_tokens nodes.
+    With `vocab` [V] (a reduced draft vocabulary), log-prob index i stands for token vocab[i].
 
     1. Layer 1 = top-k of root_logp (score = log q).
     2. `depth` times: feed the k frontier nodes (features = their parents' outputs), score their
@@ -182,8 +221,9 @@ def expand_tree(step_fn: StepFn, root: int, root_feat: torch.Tensor, root_logp: 
     if budget <= 0:
         return DraftTree.root_only(root)
     k = min(cfg.top_k, budget, root_logp.shape[-1])
+    ids = (lambda ix: ix.cpu()) if vocab is None else (lambda ix: vocab.cpu()[ix.cpu()])
     top = torch.topk(root_logp.float(), k)
-    nodes = [_Node(int(t), float(s), -1) for s, t in zip(top.values.tolist(), top.indices.tolist())]
+    nodes = [_Node(int(t), float(s), -1) for s, t in zip(top.values.tolist(), ids(top.indices).tolist())]
     frontier = list(range(k))
     feats = root_feat[None].expand(k, -1)                                     # [k, H]
     parent_slots = None
@@ -194,7 +234,7 @@ def expand_tree(step_fn: StepFn, root: int, root_feat: torch.Tensor, root_logp: 
         base = torch.tensor([nodes[j].score for j in frontier])[:, None]
         cu = (ct.values.cpu().double() + base.double())                       # [k', k]
         first = len(nodes)
-        cand_tok = ct.indices.cpu().tolist()
+        cand_tok = ids(ct.indices).tolist()
         cu_list = cu.tolist()
         for a, parent in enumerate(frontier):
             for b in range(k):
@@ -337,7 +377,7 @@ class Eagle2Drafter:
         pos = torch.arange(start, start + m, device=dev)
         out = self.head(self.target.embed(tok), feats, pos, self.cache, None)      # [m, H]
         f = out[-1]
-        logp = torch.log_softmax(self.target.lm_head(f[None]).float(), dim=-1)[0]  # [V]
+        logp = torch.log_softmax(self.head.draft_logits(self.target, f[None]).float(), dim=-1)[0]  # [V]
         return f, logp
 
     @torch.inference_mode()
@@ -374,10 +414,10 @@ class Eagle2Drafter:
             mask = mask.masked_fill(~allowed, torch.finfo(dtype).min).to(dev)             # [1, 1, kq, kv]
             pos = torch.full((kq,), stable + depth, dtype=torch.long, device=dev)
             out = self.head(self.target.embed(tokens.to(dev)), feats, pos, self.cache, mask)  # [kq, H]
-            return out, torch.log_softmax(self.target.lm_head(out).float(), dim=-1)       # [kq, V]
+            return out, torch.log_softmax(self.head.draft_logits(self.target, out).float(), dim=-1)  # [kq, V]
 
         try:
-            tree = expand_tree(step_fn, root, f, logp, cfg)
+            tree = expand_tree(step_fn, root, f, logp, cfg, vocab=self.head.draft_vocab)
         finally:
             added = self.kv_len - stable
             if added > 0:

@@ -19,8 +19,10 @@ forward that makes features, and the 49k-vocab lm_head in the soft cross-entropy
   tokens x hidden x 2 bytes of memory (about 0.5 GB for 450k tokens of a 576-wide model).
 - `draft_vocab = N > 0`: the soft cross-entropy (and the running train top-1) are computed over the
   N token ids that most often are the target's next token in the training data (a fixed sampled
-  softmax; the target's distribution is renormalised over them). Inference is unchanged: the head
-  still drafts through the full shared lm_head; validation top-1 is always over the full vocabulary.
+  softmax; the target's distribution is renormalised over them), and the saved head carries them
+  as its draft vocabulary (`d2t`, EAGLE-3's convention): it drafts only those ids, through the
+  matching rows of the shared lm_head, which makes each head step cheaper. Verification is
+  unchanged (lossless). Validation top-1 is always over the full vocabulary.
 
 Optimiser: AdamW (betas 0.9/0.95), `clip_grad_value_`, linear warm-up then linear decay to
 `min_lr_ratio` at `steps`. The head trains in float32 (float64 for float64 targets) and is saved in
@@ -390,8 +392,11 @@ def train_eagle(target, examples: Sequence[Example], out_dir: str | Path, cfg: T
     if cfg.draft_vocab:
         vocab = frequent_next_tokens(train, cfg.draft_vocab, cfg.max_len)
         lm_train = lm.subset(vocab.to(lm.weight.device))
-        log(f"cross-entropy over the {len(vocab)} most frequent next tokens of the training data")
-    cache = FeatureCache(target, train + val, cfg.max_len, progress=progress) if cfg.cache_features else None
+        head.draft_vocab = vocab                # saved as d2t: the head drafts over these ids only
+        log(f"cross-entropy and drafting over the {len(vocab)} most frequent next tokens of the training data")
+    cache = None
+    if cfg.cache_features and step < cfg.steps:
+        cache = FeatureCache(target, train + val, cfg.max_len, progress=progress)
     out.mkdir(parents=True, exist_ok=True)
     (out / "train_config.json").write_text(json.dumps(
         {**dataclasses.asdict(cfg), "target": slug, "train_examples": len(train), "val_examples": len(val),
