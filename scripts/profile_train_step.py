@@ -1,0 +1,65 @@
+"""Time the parts of one EAGLE training step on the default model (BENCHMARKS.md §8.1).
+
+Usage: .venv/bin/python scripts/profile_train_step.py [--batch 4] [--tokens 400] [--draft-vocab 8192]
+
+Prints, for two repeats: the target forward that makes features, the head forward, the soft
+cross-entropy through the full lm_head (forward and backward), and a whole head step with the
+cross-entropy over the first N ids (the cost of `--draft-vocab N`; which ids does not matter here).
+Random token ids; the figures are seconds on this machine, noisy like any CPU timing.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def main() -> None:
+    from respec.models import load_target
+    from respec.train.trainer import LMHead, head_forward, make_head, target_features
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=400)
+    ap.add_argument("--draft-vocab", type=int, default=8192)
+    args = ap.parse_args()
+    target = load_target("default")
+    head, lm = make_head(target), LMHead(target, torch.float32)
+    ids = torch.randint(0, 40000, (args.batch, args.tokens), generator=torch.Generator().manual_seed(0))
+    emb = target.embed(ids[:, 1:]).float()
+    for rep in range(2):
+        t = time.perf_counter()
+        feats = target_features(target, ids).float()                      # [B, T, H]
+        t_feat = time.perf_counter() - t
+        ft = feats[:, 1:].reshape(-1, feats.shape[-1])
+        t = time.perf_counter()
+        fh = head_forward(head, emb, feats[:, :-1]).reshape(-1, feats.shape[-1])
+        t_head = time.perf_counter() - t
+        t = time.perf_counter()
+        with torch.no_grad():
+            tp = torch.softmax(lm(ft), -1)
+        ce = -(tp * torch.log_softmax(lm(fh), -1)).sum(-1).mean()
+        (F.smooth_l1_loss(fh, ft) + 0.1 * ce).backward()
+        t_ce = time.perf_counter() - t
+        head.zero_grad(set_to_none=True)
+        sub = lm.subset(torch.arange(args.draft_vocab))
+        t = time.perf_counter()
+        fh = head_forward(head, emb, feats[:, :-1]).reshape(-1, feats.shape[-1])
+        with torch.no_grad():
+            tp = torch.softmax(sub(ft), -1)
+        ce = -(tp * torch.log_softmax(sub(fh), -1)).sum(-1).mean()
+        (F.smooth_l1_loss(fh, ft) + 0.1 * ce).backward()
+        t_sub = time.perf_counter() - t
+        head.zero_grad(set_to_none=True)
+        print(f"repeat {rep}: target features {t_feat:.2f} s | head forward {t_head:.2f} s | full-vocab "
+              f"cross-entropy fwd+bwd {t_ce:.2f} s | head step over {args.draft_vocab} ids {t_sub:.2f} s")
+
+
+if __name__ == "__main__":
+    main()
