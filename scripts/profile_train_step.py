@@ -15,14 +15,14 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def main() -> None:
+    from respec.drafters.eagle2 import LMHead
     from respec.models import load_target
-    from respec.train.trainer import LMHead, head_forward, make_head, target_features
+    from respec.train.trainer import TrainConfig, batch_loss, head_forward, make_head, target_features
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=4)
@@ -30,34 +30,31 @@ def main() -> None:
     ap.add_argument("--draft-vocab", type=int, default=8192)
     args = ap.parse_args()
     target = load_target("default")
-    head, lm = make_head(target), LMHead(target, torch.float32)
+    head, lm, cfg = make_head(target), LMHead.of(target, torch.float32), TrainConfig()
+    sub = lm.subset(torch.arange(args.draft_vocab))
     ids = torch.randint(0, 40000, (args.batch, args.tokens), generator=torch.Generator().manual_seed(0))
-    emb = target.embed(ids[:, 1:]).float()
-    def head_step(out_layer, feats: torch.Tensor) -> float:
-        """Seconds for one head forward + loss through `out_layer` + backward."""
+    mask = torch.ones(args.batch, args.tokens - 1, dtype=torch.bool)           # every position counts
+
+    def head_step(out_layer: LMHead, feats: torch.Tensor) -> float:
+        """Seconds for the trainer's own batch loss through `out_layer`, plus its backward."""
         t = time.perf_counter()
-        ft = feats[:, 1:].reshape(-1, feats.shape[-1])
-        fh = head_forward(head, emb, feats[:, :-1]).reshape(-1, feats.shape[-1])
-        with torch.no_grad():
-            tp = torch.softmax(out_layer(ft), -1)
-        ce = -(tp * torch.log_softmax(out_layer(fh), -1)).sum(-1).mean()
-        (F.smooth_l1_loss(fh, ft) + 0.1 * ce).backward()
+        batch_loss(head, target, out_layer, ids, mask, cfg, noise=False, feats=feats)["loss"].backward()
         head.zero_grad(set_to_none=True)
         return time.perf_counter() - t
 
-    sub = lm.subset(torch.arange(args.draft_vocab))
     for rep in range(2):
         t = time.perf_counter()
-        feats = target_features(target, ids).float()                      # [B, T, H]
+        feats = target_features(target, ids)                                   # [B, T, H]
         t_feat = time.perf_counter() - t
         t = time.perf_counter()
         with torch.no_grad():
-            head_forward(head, emb, feats[:, :-1])
+            head_forward(head, target.embed(ids[:, 1:]).float(), feats[:, :-1].float())
         t_head = time.perf_counter() - t
         t_ce = head_step(lm, feats) - t_head
         t_sub = head_step(sub, feats)
         print(f"repeat {rep}: target features {t_feat:.2f} s | head forward {t_head:.2f} s | full-vocab "
               f"cross-entropy fwd+bwd {t_ce:.2f} s | head step over {args.draft_vocab} ids {t_sub:.2f} s")
+
 
 if __name__ == "__main__":
     main()

@@ -46,6 +46,35 @@ _HEAD_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_ke
               "vocab_size", "head_dim")
 
 
+@dataclass(frozen=True)
+class LMHead:
+    """A target's output layer as plain tensors (weight [V, H], bias [V] or None), softcap applied
+    as the target applies it. `of(target, dtype)` takes the target's own (frozen) weights;
+    `subset(ids)` keeps the rows of `ids` only (a reduced vocabulary: index i is token ids[i])."""
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    softcap: float | None
+
+    @classmethod
+    def of(cls, target: TargetModel, dtype: torch.dtype) -> "LMHead":
+        head = target.model.get_output_embeddings()
+        bias = getattr(head, "bias", None)
+        return cls(head.weight.detach().to(dtype), None if bias is None else bias.detach().to(dtype),
+                   getattr(target, "softcap", None))
+
+    def subset(self, ids: torch.Tensor) -> "LMHead":
+        ids = ids.to(self.weight.device)
+        return LMHead(self.weight[ids].contiguous(), None if self.bias is None else self.bias[ids].contiguous(),
+                      self.softcap)
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        """h [..., H] -> logits [..., V] (or [..., len(ids)] for a subset)."""
+        logits = torch.nn.functional.linear(h.to(self.weight.device, self.weight.dtype), self.weight, self.bias)
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+
 def _to_target(head: "EagleHead", target: TargetModel) -> "EagleHead":
     """Cast the head to the target's device and dtype, keeping RoPE's inverse frequencies in float32
     (as in training; a bf16 inv_freq would shift the angles at long positions)."""
@@ -80,25 +109,16 @@ class EagleHead(nn.Module):
         self.layers = nn.ModuleList([layer])
         self.rotary = LlamaRotaryEmbedding(config)
         self.draft_vocab: torch.Tensor | None = None  # [Vd] target ids the head drafts (None = all)
-        self._draft_rows = None                      # (target id, weight rows, bias rows), cached
+        self._draft_lm: tuple[TargetModel, LMHead] | None = None    # the rows for draft_vocab, cached
 
     def draft_logits(self, target: TargetModel, out: torch.Tensor) -> torch.Tensor:
         """Logits of predicted features out [q, H] over the draft vocabulary: [q, V] (all target
         ids) or [q, Vd] (index i is target id draft_vocab[i]); the target's own lm_head rows."""
         if self.draft_vocab is None:
             return target.lm_head(out)
-        if self._draft_rows is None or self._draft_rows[0] is not target:
-            lm = target.model.get_output_embeddings()
-            ids = self.draft_vocab.to(lm.weight.device)
-            bias = getattr(lm, "bias", None)
-            self._draft_rows = (target, lm.weight.detach()[ids].contiguous(),
-                                None if bias is None else bias.detach()[ids].contiguous())
-        _, w, b = self._draft_rows
-        logits = torch.nn.functional.linear(out.to(w.device, w.dtype), w, b)
-        softcap = getattr(target, "softcap", None)
-        if softcap:
-            logits = torch.tanh(logits / softcap) * softcap
-        return logits
+        if self._draft_lm is None or self._draft_lm[0] is not target:
+            self._draft_lm = (target, LMHead.of(target, target.dtype).subset(self.draft_vocab))
+        return self._draft_lm[1](out)
 
     def forward(self, emb: torch.Tensor, feat: torch.Tensor, positions: torch.Tensor,
                 cache: DynamicCache, mask: torch.Tensor | None) -> torch.Tensor:
@@ -168,8 +188,7 @@ def load_eagle_head(path: str | Path, target: TargetModel) -> EagleHead:
             raise ModelLoadError(f"EAGLE head at {path}: its d2t draft vocabulary is not a set of distinct "
                                  f"ids of the target's {n}-token vocabulary")
         head.draft_vocab = vocab
-    head = _to_target(head, target)
-    return head
+    return _to_target(head, target)
 
 
 def save_eagle_head(head: EagleHead, path: str | Path) -> None:

@@ -47,6 +47,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from respec.drafters.eagle2 import LMHead
 from respec.errors import ConfigError, RespecError
 from respec.train.data import Example, is_validation, target_slug
 
@@ -148,33 +149,10 @@ def make_head(target, *, seed: int = 0, init_from_last_layer: bool = False):
     return head.train()
 
 
-class LMHead:
-    """The target's frozen output layer in the training dtype (softcap as the target applies it),
-    optionally restricted to a subset of the vocabulary (`subset`)."""
-
-    def __init__(self, target, dtype: torch.dtype) -> None:
-        head = target.model.get_output_embeddings()
-        self.weight = head.weight.detach().to(dtype)
-        self.bias = None if getattr(head, "bias", None) is None else head.bias.detach().to(dtype)
-        self.softcap = target.softcap
-
-    def subset(self, ids: torch.Tensor) -> "LMHead":
-        sub = object.__new__(LMHead)
-        sub.weight = self.weight[ids].contiguous()
-        sub.bias = None if self.bias is None else self.bias[ids].contiguous()
-        sub.softcap = self.softcap
-        return sub
-
-    def __call__(self, h: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(h, self.weight, self.bias)
-        if self.softcap:
-            logits = torch.tanh(logits / self.softcap) * self.softcap
-        return logits
-
-
 def frequent_next_tokens(examples: Sequence[Example], n: int, max_len: int) -> torch.Tensor:
     """The `n` ids that most often are a covered next token (positions >= max(start, 1), within
-    max_len) in `examples`, most frequent first, ties by id: the reduced cross-entropy vocabulary."""
+    max_len) in `examples` (ties broken by the smaller id), returned in ascending id order: the
+    reduced cross-entropy and draft vocabulary."""
     from collections import Counter
     counts: Counter = Counter()
     for e in examples:
@@ -196,7 +174,6 @@ class FeatureCache:
                    disable=not progress)
         i = 0
         while i < len(todo):
-            T = min(len(todo[i].ids), max_len)
             j = i + 1
             while j < len(todo) and min(len(todo[j].ids), max_len) * (j - i + 1) <= batch_tokens:
                 j += 1
@@ -387,11 +364,11 @@ def train_eagle(target, examples: Sequence[Example], out_dir: str | Path, cfg: T
         opt.load_state_dict(state["optimizer"])
         step, epoch, pos = state["step"], state["epoch"], state["pos"]
         gen.set_state(state["noise_rng"])
-    lm = LMHead(target, train_dtype(target))
+    lm = LMHead.of(target, train_dtype(target))
     lm_train = lm
     if cfg.draft_vocab:
         vocab = frequent_next_tokens(train, cfg.draft_vocab, cfg.max_len)
-        lm_train = lm.subset(vocab.to(lm.weight.device))
+        lm_train = lm.subset(vocab)
         head.draft_vocab = vocab                # saved as d2t: the head drafts over these ids only
         log(f"cross-entropy and drafting over the {len(vocab)} most frequent next tokens of the training data")
     cache = None
