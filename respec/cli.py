@@ -149,13 +149,14 @@ def cmd_train_eagle(args) -> int:
     tc = TrainConfig(steps=args.steps, batch_size=args.batch_size, max_len=args.max_len, lr=args.lr,
                      warmup=args.warmup, grad_clip=args.grad_clip, noise=args.noise,
                      val_fraction=args.val_fraction, eval_every=args.eval_every, save_every=args.save_every,
-                     seed=args.seed, init_from_last_layer=args.init_from_last_layer,
+                     seed=args.seed, init_from_last_layer=args.init_from_last_layer, init_from=args.init_from,
                      cache_features=args.cache_features, draft_vocab=args.draft_vocab).validate()
     pc = PipelineConfig(spec_bench=None if args.no_spec_bench else args.spec_bench,
                         prompts_files=list(args.prompts_file or []), builtin=not args.no_builtin_prompts,
                         max_prompts=args.max_prompts, gen_max_new_tokens=args.gen_max_new_tokens,
                         gen_batch_size=args.gen_batch_size, generate=not args.no_generate,
-                        text_tokens=args.text_tokens, data_dir=args.data_dir,
+                        passage_prompts=args.passage_prompts, text_tokens=args.text_tokens,
+                        text_window=args.text_window, data_dir=args.data_dir,
                         generate_only=args.generate_only).validate()
     out = Path(args.out)
     if out.exists() and not out.is_dir():
@@ -247,6 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start the head's layer as a copy of the target's last decoder layer (on the default "
                         "model this started far worse than random init: validation top-1 3%% after 250 steps "
                         "against 22%% after 200; see BENCHMARKS.md section 8)")
+    t.add_argument("--init-from", default=None, metavar="DIR",
+                   help="start from a saved head (config.json + weights, e.g. assets/eagle/...): fine-tune it "
+                        "on new data; its draft vocabulary is recomputed from the data when --draft-vocab is set")
     t.add_argument("--spec-bench", default="auto",
                    help="Spec-Bench questions JSONL for prompts (default: ../shared/spec_bench/question_dev.jsonl if present)")
     t.add_argument("--no-spec-bench", action="store_true")
@@ -258,7 +262,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--gen-batch-size", type=int, default=8)
     t.add_argument("--no-generate", action="store_true", help="train on stored responses only")
     t.add_argument("--generate-only", action="store_true", help="only generate and store responses")
+    t.add_argument("--passage-prompts", type=int, default=0, metavar="N",
+                   help="also answer N long-context prompts (summarise / answer from a 300-900 token "
+                        "passage of the standard library's documentation)")
     t.add_argument("--text-tokens", type=int, default=0, help="tokens of offline teacher-forced text to add")
+    t.add_argument("--text-window", type=int, default=None,
+                   help="tokens per teacher-forced text window (default and maximum: --max-len)")
     t.add_argument("--data-dir", default=None, help="response store (default data/eagle/<target>/)")
     t.add_argument("--quiet", action="store_true", help="no progress bars")
     t.set_defaults(func=cmd_train_eagle)

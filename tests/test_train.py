@@ -1,6 +1,8 @@
 """EAGLE head training pipeline on tiny targets: the batched training forward equals the inference
 head, left-padded batched generation equals vanilla greedy, training lowers the loss and raises
-top-1, the output loads back and stays lossless, resume continues exactly, bad input is refused."""
+top-1, the output loads back and stays lossless, resume continues exactly, fine-tuning starts from
+a saved head, batches group similar lengths, bad input is refused."""
+import dataclasses
 import json
 import random
 
@@ -10,11 +12,11 @@ import torch
 from respec.drafters.eagle2 import load_eagle_head, random_head
 from respec.errors import ConfigError, RespecError
 from respec.train.data import (Example, Prompt, ResponseStore, generate_responses, load_prompt_file,
-                               offline_texts, text_examples)
+                               offline_texts, passage_prompts, text_examples)
 from respec.train.pipeline import PipelineConfig, collect_prompts
 from respec.train.prompts import CATEGORIES, builtin_prompts
-from respec.train.trainer import (FeatureCache, TrainConfig, collate, frequent_next_tokens, head_forward, make_head,
-                                  target_features, train_eagle)
+from respec.train.trainer import (FeatureCache, TrainConfig, _epoch_order, collate, frequent_next_tokens,
+                                  head_forward, make_head, target_features, train_eagle)
 from tests.conftest import make_target, run
 
 
@@ -240,3 +242,60 @@ def test_offline_text_is_packed_into_windows():
     ex = text_examples(CharTokenizer(), offline_texts(), max_tokens=5000, window=256, progress=False)
     assert len(ex) == 19 and all(len(e.ids) == 256 and e.start == 0 for e in ex)
     assert len({e.key for e in ex}) == len(ex)
+
+
+def test_fine_tuning_starts_from_the_saved_head(llama_data, tmp_path):
+    target, store = llama_data
+    ex = store.examples()
+    cfg = TrainConfig(steps=120, batch_size=8, lr=3e-3, warmup=10, eval_every=60, save_every=60, seed=0)
+    first = train_eagle(target, ex, tmp_path / "a", cfg, progress=False, log=lambda m: None)
+    msgs = []
+    tuned = dataclasses.replace(cfg, steps=20, init_from=str(tmp_path / "a"))
+    train_eagle(target, ex, tmp_path / "b", tuned, progress=False, log=msgs.append)
+    init = _log(tmp_path / "b")[0]
+    assert init["event"] == "init" and any("starting from the head" in m for m in msgs)
+    # the fine-tuning run's step-0 evaluation is the first run's final one (same head, same split)
+    assert init["val_loss"] == pytest.approx(first["val_loss"], rel=1e-5)
+    assert init["val_top1"] == pytest.approx(first["val_top1"])
+    fresh = _log(tmp_path / "a")[0]
+    assert init["val_loss"] < 0.8 * fresh["val_loss"]
+    with pytest.raises(ConfigError, match="exclude"):
+        dataclasses.replace(tuned, init_from_last_layer=True).validate()
+    with pytest.raises(RespecError, match="config.json"):
+        train_eagle(target, ex, tmp_path / "c", dataclasses.replace(tuned, init_from=str(tmp_path / "none")),
+                    progress=False, log=lambda m: None)
+
+
+def test_epoch_order_is_a_permutation_in_length_homogeneous_batches():
+    rng = random.Random(0)
+    lengths = [rng.choice([20, 500, 1500]) + rng.randrange(10) for _ in range(1000)]
+    order = _epoch_order(lengths, 8, seed=3, epoch=2)
+    assert sorted(order) == list(range(1000))
+    assert order == _epoch_order(lengths, 8, seed=3, epoch=2) and order != _epoch_order(lengths, 8, seed=3, epoch=3)
+    batches = [order[i:i + 8] for i in range(0, 1000, 8)]
+    pad = sum(8 * max(lengths[j] for j in b) - sum(lengths[j] for j in b) for b in batches)
+    shuffled = list(range(1000))
+    rng.shuffle(shuffled)
+    pad_random = sum(8 * max(lengths[j] for j in shuffled[i:i + 8]) - sum(lengths[j] for j in shuffled[i:i + 8])
+                     for i in range(0, 1000, 8))
+    assert pad < 0.1 * pad_random, "Batches must group sequences of similar length."
+    first = [max(lengths[j] for j in b) for b in batches[:64]]
+    assert first != sorted(first), "Batches themselves stay shuffled, not sorted by length."
+
+
+def test_passage_prompts_wrap_offline_passages_in_long_context_tasks(tmp_path):
+    doc = "Passage about frobnication. " * 60                      # 1680 characters
+    (tmp_path / "mod.py").write_text(f'"""{doc}"""\n\ndef f():\n    """{"short " * 10}"""\n')
+    got = passage_prompts(3, roots=[tmp_path])
+    assert len(got) == 1, "One candidate passage (the short docstring is too short)."
+    category, text = got[0]
+    assert category == "summarisation" and doc.strip() in text and text != doc.strip()
+    assert passage_prompts(0, roots=[tmp_path]) == []
+    with pytest.raises(ConfigError):
+        passage_prompts(-1, roots=[tmp_path])
+    with pytest.raises(RespecError, match="no offline passages"):
+        passage_prompts(2, roots=[tmp_path], min_chars=5000)
+    with pytest.raises(ConfigError, match="passage"):
+        PipelineConfig(passage_prompts=-2).validate()
+    with pytest.raises(ConfigError, match="text-window"):
+        PipelineConfig(text_window=4).validate()

@@ -75,10 +75,11 @@ class LMHead:
         return logits
 
 
-def _to_target(head: "EagleHead", target: TargetModel) -> "EagleHead":
-    """Cast the head to the target's device and dtype, keeping RoPE's inverse frequencies in float32
-    (as in training; a bf16 inv_freq would shift the angles at long positions)."""
-    head = head.to(device=target.device, dtype=target.dtype)
+def _to_target(head: "EagleHead", target: TargetModel, dtype: torch.dtype | None = None) -> "EagleHead":
+    """Cast the head to the target's device and dtype (or `dtype`), keeping RoPE's inverse
+    frequencies in float32 (as in training; a bf16 inv_freq would shift the angles at long
+    positions)."""
+    head = head.to(device=target.device, dtype=dtype or target.dtype)
     head.rotary = LlamaRotaryEmbedding(head.config).to(target.device)
     return head.eval()
 
@@ -148,9 +149,10 @@ def random_head(target: TargetModel, *, seed: int = 0, qkv_bias: bool = False) -
     return _to_target(head, target)
 
 
-def load_eagle_head(path: str | Path, target: TargetModel) -> EagleHead:
+def load_eagle_head(path: str | Path, target: TargetModel, dtype: torch.dtype | None = None) -> EagleHead:
     """Load a published-format EAGLE checkpoint directory (config.json + pytorch_model.bin or
-    model.safetensors) and cast it to the target's device and dtype."""
+    model.safetensors) and cast it to the target's device and dtype (`dtype`, e.g. float32 for
+    fine-tuning, overrides the latter)."""
     path = Path(path)
     cfg_file = path / "config.json"
     tried = [str(path / n) for n in ("pytorch_model.bin", "model.safetensors")]
@@ -188,7 +190,7 @@ def load_eagle_head(path: str | Path, target: TargetModel) -> EagleHead:
             raise ModelLoadError(f"EAGLE head at {path}: its d2t draft vocabulary is not a set of distinct "
                                  f"ids of the target's {n}-token vocabulary")
         head.draft_vocab = vocab
-    return _to_target(head, target)
+    return _to_target(head, target, dtype)
 
 
 def save_eagle_head(head: EagleHead, path: str | Path) -> None:

@@ -304,3 +304,33 @@ def text_examples(tokenizer, texts: Iterable[tuple[str, str]], max_tokens: int, 
             bar.update(window)
     bar.close()
     return out
+
+
+_PASSAGE_TASKS = (
+    ("summarisation", "Summarize the following text in a few sentences.\n\n{text}"),
+    ("summarisation", "{text}\n\nWrite a short summary of the text above, keeping its key points."),
+    ("rag", "Answer the question using only the document below.\n\nDocument:\n{text}\n\n"
+            "Question: What is described here, and how is it used?"),
+    ("rag", "Context:\n{text}\n\nBased on the context, list the main points a reader should remember."),
+)
+
+
+def passage_prompts(n: int, *, min_chars: int = 1200, max_chars: int = 3600,
+                    roots: Sequence[Path] | None = None) -> list[tuple[str, str]]:
+    """`n` long-context prompts as (category, text): a passage of offline text (docstrings of the
+    standard library by default, `min_chars`..`max_chars` long, about 300-900 tokens) wrapped in a
+    summarise / answer-from-the-document task, so the head sees responses that copy from a long
+    prompt. Deterministic for a given Python installation: passages are taken evenly spaced from
+    the sorted candidates, tasks cycle."""
+    if n < 0:
+        raise ConfigError("the number of passage prompts must be >= 0")
+    if n == 0:
+        return []
+    if roots is None:
+        roots = [Path(sysconfig.get_paths()["stdlib"])]
+    cands = [t for _, t in offline_texts(roots) if min_chars <= len(t) <= max_chars]
+    if not cands:
+        raise RespecError(f"no offline passages of {min_chars}-{max_chars} characters under {list(map(str, roots))}")
+    picks = [cands[(i * len(cands)) // n] for i in range(min(n, len(cands)))]
+    return [(_PASSAGE_TASKS[i % len(_PASSAGE_TASKS)][0], _PASSAGE_TASKS[i % len(_PASSAGE_TASKS)][1].format(text=t.strip()))
+            for i, t in enumerate(picks)]

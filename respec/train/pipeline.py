@@ -12,7 +12,7 @@ from pathlib import Path
 
 from respec.errors import ConfigError, RespecError
 from respec.train.data import (Prompt, ResponseStore, generate_responses, load_prompt_file, offline_texts,
-                               target_slug, text_examples, text_prompts)
+                               passage_prompts, target_slug, text_examples, text_prompts)
 from respec.train.prompts import builtin_prompts
 from respec.train.trainer import TrainConfig, train_eagle
 
@@ -36,7 +36,9 @@ class PipelineConfig:
     gen_max_new_tokens: int = 256
     gen_batch_size: int = 8
     generate: bool = True
+    passage_prompts: int = 0               # long-context summarise/answer prompts over offline text
     text_tokens: int = 0
+    text_window: int | None = None         # tokens per teacher-forced text window (None: --max-len)
     data_dir: str | None = None
     generate_only: bool = False
 
@@ -49,6 +51,10 @@ class PipelineConfig:
             raise ConfigError("--gen-batch-size must be >= 1")
         if self.text_tokens < 0:
             raise ConfigError("--text-tokens must be >= 0")
+        if self.passage_prompts < 0:
+            raise ConfigError("--passage-prompts must be >= 0")
+        if self.text_window is not None and self.text_window < 8:
+            raise ConfigError("--text-window must be >= 8")
         if self.spec_bench not in (None, "auto") and not Path(self.spec_bench).is_file():
             raise RespecError(f"Spec-Bench questions file not found: {self.spec_bench}")
         for f in self.prompts_files:
@@ -60,7 +66,8 @@ class PipelineConfig:
 
 
 def collect_prompts(pc: PipelineConfig) -> list[Prompt]:
-    """Spec-Bench dev first turns, extra prompt files and the built-in sets, interleaved round-robin
+    """Spec-Bench dev first turns, extra prompt files, the built-in sets and the long-context passage
+    prompts, interleaved round-robin
     so that a --max-prompts cap keeps a mix of every source."""
     sources: list[list[Prompt]] = []
     sb = default_spec_bench() if pc.spec_bench == "auto" else (Path(pc.spec_bench) if pc.spec_bench else None)
@@ -74,6 +81,8 @@ def collect_prompts(pc: PipelineConfig) -> list[Prompt]:
         for c, t in items:
             by_cat.setdefault(c, []).append((c, t))
         sources += [text_prompts(v, "builtin") for v in by_cat.values()]
+    if pc.passage_prompts:
+        sources.append(text_prompts(passage_prompts(pc.passage_prompts), "passage"))
     out, i = [], 0
     while any(i < len(s) for s in sources):
         out += [s[i] for s in sources if i < len(s)]
@@ -100,7 +109,8 @@ def run_pipeline(target, out_dir: str | Path, pc: PipelineConfig, tc: TrainConfi
     if pc.generate_only:
         return {"responses": len(examples)}
     if pc.text_tokens:
-        text = text_examples(target.tokenizer, offline_texts(), pc.text_tokens, tc.max_len, progress=progress)
+        text = text_examples(target.tokenizer, offline_texts(), pc.text_tokens,
+                             min(pc.text_window or tc.max_len, tc.max_len), progress=progress)
         log(f"teacher-forced offline text: {len(text)} windows, {sum(len(e.ids) for e in text)} tokens")
         examples = examples + text
     if not examples:

@@ -74,6 +74,7 @@ class TrainConfig:
     save_every: int = 200
     seed: int = 0
     init_from_last_layer: bool = False
+    init_from: str | None = None       # a saved head (published format) to start from: fine-tuning
     cache_features: bool = False
     draft_vocab: int = 0               # 0 = full vocabulary in the cross-entropy
 
@@ -94,6 +95,8 @@ class TrainConfig:
                 raise ConfigError(f"train setting {name} must be a number in {'[' if lo_ok else '('}{lo}, {hi}], got {v!r}")
         if self.v_weight == 0 and self.p_weight == 0:
             raise ConfigError("v_weight and p_weight cannot both be 0")
+        if self.init_from is not None and self.init_from_last_layer:
+            raise ConfigError("init_from and init_from_last_layer exclude each other")
         return self
 
 
@@ -310,10 +313,22 @@ def _atomic_save(obj, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def _epoch_order(n: int, seed: int, epoch: int) -> list[int]:
-    order = list(range(n))
-    random.Random(seed * 1_000_003 + epoch).shuffle(order)
-    return order
+def _epoch_order(lengths: Sequence[int], batch_size: int, seed: int, epoch: int, bucket: int = 64) -> list[int]:
+    """Example indices for one epoch, read `batch_size` at a time: a seeded shuffle, then within each
+    run of `bucket` batches the examples are sorted by length and the batches shuffled again, so a
+    batch holds sequences of similar length (little padding when short windows and long-prompt
+    responses mix) while the epoch stays a random permutation of all examples."""
+    rng = random.Random(seed * 1_000_003 + epoch)
+    order = list(range(len(lengths)))
+    rng.shuffle(order)
+    span = batch_size * bucket
+    out: list[int] = []
+    for i in range(0, len(order), span):
+        run = sorted(order[i:i + span], key=lambda j: lengths[j])
+        batches = [run[k:k + batch_size] for k in range(0, len(run), batch_size)]
+        rng.shuffle(batches)
+        out += [j for b in batches for j in b]
+    return out
 
 
 def train_eagle(target, examples: Sequence[Example], out_dir: str | Path, cfg: TrainConfig, *,
@@ -356,6 +371,16 @@ def train_eagle(target, examples: Sequence[Example], out_dir: str | Path, cfg: T
     head = make_head(target, seed=cfg.seed, init_from_last_layer=cfg.init_from_last_layer and state is None)
     if state is not None:
         head.load_state_dict(state["head"])
+    elif cfg.init_from:
+        from respec.drafters.eagle2 import load_eagle_head
+        src = {k: v for k, v in load_eagle_head(cfg.init_from, target, train_dtype(target)).state_dict().items()
+               if not k.startswith("rotary")}
+        missing, unexpected = head.load_state_dict(src, strict=False)
+        missing = [k for k in missing if not k.startswith("rotary")]
+        if missing or unexpected:
+            raise RespecError(f"cannot start from the head in {cfg.init_from}: missing keys {missing}, "
+                              f"unexpected keys {unexpected}")
+        log(f"starting from the head in {cfg.init_from}")
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     step, epoch, pos = 0, 0, 0
@@ -410,13 +435,14 @@ def train_eagle(target, examples: Sequence[Example], out_dir: str | Path, cfg: T
         last = record("init")
     bar = tqdm(total=cfg.steps, initial=min(step, cfg.steps), desc="training EAGLE head", unit="step",
                disable=not progress)
-    order = _epoch_order(len(train), cfg.seed, epoch)
+    lengths = [min(len(e.ids), cfg.max_len) for e in train]
+    order = _epoch_order(lengths, cfg.batch_size, cfg.seed, epoch)
     while step < cfg.steps:
         if pos >= len(order):
             if run["batches"]:                  # (an eval record may already cover this step)
                 last = record("epoch")
             epoch, pos = epoch + 1, 0
-            order = _epoch_order(len(train), cfg.seed, epoch)
+            order = _epoch_order(lengths, cfg.batch_size, cfg.seed, epoch)
         batch = [train[i] for i in order[pos:pos + cfg.batch_size]]
         pos += cfg.batch_size
         ids, mask = collate(batch, cfg.max_len)
