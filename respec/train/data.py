@@ -330,7 +330,10 @@ def passage_prompts(n: int, *, min_chars: int = 1200, max_chars: int = 3600,
         roots = [Path(sysconfig.get_paths()["stdlib"])]
     cands = [t for _, t in offline_texts(roots) if min_chars <= len(t) <= max_chars]
     if not cands:
-        raise RespecError(f"no offline passages of {min_chars}-{max_chars} characters under {list(map(str, roots))}")
-    picks = [cands[(i * len(cands)) // n] for i in range(min(n, len(cands)))]
-    return [(_PASSAGE_TASKS[i % len(_PASSAGE_TASKS)][0], _PASSAGE_TASKS[i % len(_PASSAGE_TASKS)][1].format(text=t.strip()))
-            for i, t in enumerate(picks)]
+        raise RespecError(f"no offline passages of {min_chars}-{max_chars} characters "
+                          f"under {[str(r) for r in roots]}")
+    out = []
+    for i in range(min(n, len(cands))):
+        category, template = _PASSAGE_TASKS[i % len(_PASSAGE_TASKS)]
+        out.append((category, template.format(text=cands[(i * len(cands)) // n].strip())))
+    return out

@@ -67,8 +67,7 @@ class PipelineConfig:
 
 def collect_prompts(pc: PipelineConfig) -> list[Prompt]:
     """Spec-Bench dev first turns, extra prompt files, the built-in sets and the long-context passage
-    prompts, interleaved round-robin
-    so that a --max-prompts cap keeps a mix of every source."""
+    prompts, interleaved round-robin so that a --max-prompts cap keeps a mix of every source."""
     sources: list[list[Prompt]] = []
     sb = default_spec_bench() if pc.spec_bench == "auto" else (Path(pc.spec_bench) if pc.spec_bench else None)
     if sb is not None and sb.is_file():
