@@ -150,7 +150,8 @@ def cmd_train_eagle(args) -> int:
                      warmup=args.warmup, grad_clip=args.grad_clip, noise=args.noise,
                      val_fraction=args.val_fraction, eval_every=args.eval_every, save_every=args.save_every,
                      seed=args.seed, init_from_last_layer=args.init_from_last_layer, init_from=args.init_from,
-                     cache_features=args.cache_features, draft_vocab=args.draft_vocab).validate()
+                     cache_features=args.cache_features, draft_vocab=args.draft_vocab,
+                     ttt_depth=args.ttt_depth, ttt_decay=args.ttt_decay).validate()
     pc = PipelineConfig(spec_bench=None if args.no_spec_bench else args.spec_bench,
                         prompts_files=list(args.prompts_file or []), builtin=not args.no_builtin_prompts,
                         max_prompts=args.max_prompts, gen_max_new_tokens=args.gen_max_new_tokens,
@@ -240,6 +241,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--draft-vocab", type=int, default=0,
                    help="cross-entropy and drafting over the N most frequent next tokens of the training "
                         "data (0 = full vocabulary); saved with the head as d2t")
+    t.add_argument("--ttt-depth", type=int, default=1,
+                   help="training-time test: also train on the head's own predicted features, unrolled to "
+                        "this draft depth (1 = teacher forcing only; each extra depth costs about one more head pass)")
+    t.add_argument("--ttt-decay", type=float, default=0.8, help="loss weight of unrolled depth d is decay**d")
     t.add_argument("--val-fraction", type=float, default=0.05)
     t.add_argument("--eval-every", type=int, default=500)
     t.add_argument("--save-every", type=int, default=200)

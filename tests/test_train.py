@@ -16,7 +16,8 @@ from respec.train.data import (Example, Prompt, ResponseStore, generate_response
 from respec.train.pipeline import PipelineConfig, collect_prompts
 from respec.train.prompts import CATEGORIES, builtin_prompts
 from respec.train.trainer import (FeatureCache, TrainConfig, _epoch_order, collate, frequent_next_tokens,
-                                  head_forward, make_head, target_features, train_eagle)
+                                  head_forward, head_unroll, make_head, target_features, train_eagle,
+                                  ttt_mask)
 from tests.conftest import make_target, run
 
 
@@ -62,6 +63,60 @@ def test_batched_training_forward_equals_inference_head(arch):
         for b in range(3):
             ref = head(emb[b], feats[b, :-1], torch.arange(9), DynamicCache(), None)
             assert torch.allclose(out[b], ref, atol=1e-10), "Training forward must equal the inference head."
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_unrolled_training_depths_equal_the_drafters_tree_steps(arch):
+    """Depth d at position t must be what the drafter computes for the d-th node of a draft chain
+    whose committed context ends at t - d: catch-up on real features (positions 0..t-d), then each
+    chain node fed its parent's predicted feature at the next position, seeing the cache and its
+    ancestors."""
+    from transformers import DynamicCache
+    target = make_target(arch, seed=1)
+    head = make_head(target, seed=3).eval()
+    ids = torch.randint(3, 128, (2, 12), generator=torch.Generator().manual_seed(0))
+    feats = target_features(target, ids)
+    emb = target.embed(ids[:, 1:])
+    with torch.no_grad():
+        preds = head_unroll(head, emb, feats[:, :-1], 3)
+        assert torch.allclose(preds[0], head_forward(head, emb, feats[:, :-1]), atol=1e-10)
+        for b in range(2):
+            for t in (2, 5, 10):
+                for d in (1, 2):
+                    real = t - d                       # last position fed a real feature
+                    cache = DynamicCache()
+                    f = head(emb[b, :real + 1], feats[b, :real + 1], torch.arange(real + 1), cache, None)[-1]
+                    for i in range(1, d + 1):
+                        f = head(emb[b, real + i][None], f[None], torch.tensor([real + i]), cache,
+                                 torch.zeros(1, 1, 1, real + i + 1))[0]
+                    assert torch.allclose(preds[d][b, t], f, atol=1e-6), (b, t, d)
+    m = ttt_mask(4, 1, torch.float32)
+    assert m.shape == (1, 1, 4, 8) and (m[0, 0] == 0).tolist()[3] == [True, True, True, False,
+                                                                     False, False, False, True]
+
+
+def test_ttt_training_logs_unrolled_top1_and_beats_teacher_forcing_there(llama_data, tmp_path):
+    target, store = llama_data
+    base = dict(steps=200, batch_size=8, lr=3e-3, warmup=20, eval_every=200, save_every=200,
+                val_fraction=0.15, seed=0)
+    plain = train_eagle(target, store.examples(), tmp_path / "plain", TrainConfig(**base),
+                        progress=False, log=lambda m: None)
+    ttt = train_eagle(target, store.examples(), tmp_path / "ttt", TrainConfig(**base, ttt_depth=3),
+                      progress=False, log=lambda m: None)
+    assert "val_top1_depth3" in ttt and "val_top1_depth2" not in plain
+    # score the teacher-forced head the same way
+    plain_head = load_eagle_head(tmp_path / "plain", target, torch.float32)
+    from respec.drafters.eagle2 import LMHead
+    from respec.train.trainer import evaluate, split
+    _, val = split(store.examples(), 0.15, 64)
+    unrolled = evaluate(plain_head, target, LMHead.of(target, torch.float32), val,
+                        TrainConfig(**base, ttt_depth=3))
+    assert unrolled["top1"] == pytest.approx(plain["val_top1"])
+    assert ttt["val_top1_depth3"] > unrolled["top1_depth3"], "Unrolled training must help the unrolled steps."
+    head = load_eagle_head(tmp_path / "ttt", target)
+    prompt = list(store.examples()[0].ids[:store.examples()[0].start])
+    assert run(target, "eagle2", prompt, head=head, max_new_tokens=40).tokens == \
+        run(target, "vanilla", prompt, max_new_tokens=40).tokens
 
 
 def test_collate_masks_only_response_features():

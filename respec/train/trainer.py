@@ -77,17 +77,19 @@ class TrainConfig:
     init_from: str | None = None       # a saved head (published format) to start from: fine-tuning
     cache_features: bool = False
     draft_vocab: int = 0               # 0 = full vocabulary in the cross-entropy
+    ttt_depth: int = 1                 # training-time test: unroll the head this many draft depths
+    ttt_decay: float = 0.8             # loss weight of unrolled depth d (0-based) is ttt_decay ** d
 
     def validate(self) -> "TrainConfig":
         ints = {"steps": 1, "batch_size": 1, "max_len": 4, "warmup": 0, "val_max_examples": 1,
-                "eval_every": 1, "save_every": 1, "draft_vocab": 0}
+                "eval_every": 1, "save_every": 1, "draft_vocab": 0, "ttt_depth": 1}
         for name, low in ints.items():
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < low:
                 raise ConfigError(f"train setting {name} must be an integer >= {low}, got {v!r}")
         floats = {"lr": (0.0, 1.0, False), "weight_decay": (0.0, 10.0, True), "min_lr_ratio": (0.0, 1.0, True),
                   "grad_clip": (0.0, 1e6, False), "noise": (0.0, 100.0, True), "v_weight": (0.0, 1e6, True),
-                  "p_weight": (0.0, 1e6, True), "val_fraction": (0.0, 0.5, True)}
+                  "p_weight": (0.0, 1e6, True), "val_fraction": (0.0, 0.5, True), "ttt_decay": (0.0, 1.0, False)}
         for name, (lo, hi, lo_ok) in floats.items():
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) \
@@ -95,6 +97,8 @@ class TrainConfig:
                 raise ConfigError(f"train setting {name} must be a number in {'[' if lo_ok else '('}{lo}, {hi}], got {v!r}")
         if self.v_weight == 0 and self.p_weight == 0:
             raise ConfigError("v_weight and p_weight cannot both be 0")
+        if self.ttt_depth > 8:
+            raise ConfigError(f"train setting ttt_depth must be at most 8, got {self.ttt_depth}")
         if self.init_from is not None and self.init_from_last_layer:
             raise ConfigError("init_from and init_from_last_layer exclude each other")
         return self
@@ -217,6 +221,51 @@ def head_forward(head, emb: torch.Tensor, feat: torch.Tensor) -> torch.Tensor:
     return out[0] if isinstance(out, tuple) else out
 
 
+def ttt_mask(T: int, d: int, dtype: torch.dtype, device=None) -> torch.Tensor:
+    """Additive attention mask [1, 1, T, (d+1)T] for unrolled depth d (0-based) of a T-position
+    sequence whose depths 0..d are laid out one after another in the key axis.
+
+    Depth d at position t is the d-th draft step of a chain whose real (teacher-forced) context ends
+    at position t - d: it sees depth-0 keys s <= t - d (what the drafter holds in its KV cache after
+    catch-up) and, for each depth i in 1..d, its own chain's node at position t - d + i (its
+    ancestors in the draft tree, and itself), exactly as Eagle2Drafter's tree mask does."""
+    allowed = torch.zeros(T, (d + 1) * T, dtype=torch.bool)
+    allowed[:, :T] = torch.ones(T, T, dtype=torch.bool).tril(-d)
+    t = torch.arange(T)
+    for i in range(1, d + 1):
+        s = t - d + i
+        ok = s >= 0
+        allowed[t[ok], i * T + s[ok]] = True
+    mask = torch.zeros(1, 1, T, (d + 1) * T, dtype=dtype)
+    return mask.masked_fill(~allowed, torch.finfo(dtype).min).to(device)
+
+
+def head_unroll(head, emb: torch.Tensor, feat: torch.Tensor, depth: int) -> list[torch.Tensor]:
+    """Training-time test (EAGLE-3's unrolled training): depth 0 is `head_forward(head, emb, feat)`;
+    depth d >= 1 feeds the head its own depth-(d-1) prediction for position t - 1 in place of the
+    real feature f_t, attending as `ttt_mask` says. emb, feat: [B, T, H]. Returns `depth` tensors
+    [B, T, H]; entry d at position t predicts f_{t+1} (meaningful for t >= d)."""
+    from transformers import DynamicCache
+
+    B, T, _ = emb.shape
+    pos = torch.arange(T, device=emb.device)[None].expand(B, -1)
+    cache = DynamicCache()
+    preds: list[torch.Tensor] = []
+    inp = feat
+    cos_sin = None
+    for d in range(depth):
+        x = head.fc(torch.cat([emb, inp], dim=-1))                                 # [B, T, H]
+        if cos_sin is None:
+            cos_sin = head.rotary(x, pos)
+        mask = None if d == 0 else ttt_mask(T, d, x.dtype, x.device)
+        out = head.layers[0](x, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True,
+                             position_embeddings=cos_sin)
+        out = out[0] if isinstance(out, tuple) else out                            # [B, T, H]
+        preds.append(out)
+        inp = torch.cat([feat[:, :1], out[:, :-1]], dim=1)
+    return preds
+
+
 def collate(examples: Sequence[Example], max_len: int, pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """ids [B, T] right-padded, and the loss mask over predicted features [B, T-1] (entry t covers
     f̂_{t+1}: real, and t+1 >= start)."""
@@ -235,7 +284,10 @@ def collate(examples: Sequence[Example], max_len: int, pad: int = 0) -> tuple[to
 def batch_loss(head, target, lm: LMHead, ids: torch.Tensor, mask: torch.Tensor, cfg: TrainConfig,
                noise: bool, generator: torch.Generator | None = None, feats: torch.Tensor | None = None) -> dict:
     """Loss on one batch; `feats` [B, T, H] are cached target features of `ids` (computed if None),
-    `lm` may be a vocabulary subset (LMHead.subset) for the cross-entropy and top-1."""
+    `lm` may be a vocabulary subset (LMHead.subset) for the cross-entropy and top-1.
+    With cfg.ttt_depth > 1 the loss is the ttt_decay**d-weighted mean over unrolled depths d
+    (`head_unroll`); vloss/ploss/correct/count describe depth 0, `depth_correct`/`depth_count`
+    every depth."""
     dtype = lm.weight.dtype
     dev = target.device
     mask = mask.to(dev)
@@ -247,23 +299,37 @@ def batch_loss(head, target, lm: LMHead, ids: torch.Tensor, mask: torch.Tensor, 
     if noise and cfg.noise > 0:
         u = torch.rand(inp.shape, generator=generator, dtype=dtype).to(dev)
         inp = inp + (u - 0.5) * cfg.noise
-    pred = head_forward(head, emb, inp)                                  # [B, T-1, H]
-    fh, ft = pred[mask], feats[:, 1:][mask]                              # [N, H]
-    n = int(fh.shape[0])
-    if n == 0:
-        zero = pred.sum() * 0.0
-        return {"loss": zero, "vloss": 0.0, "ploss": 0.0, "correct": 0, "count": 0}
-    vloss = F.smooth_l1_loss(fh, ft, reduction="none").mean(-1).mean()
-    with torch.no_grad():
-        t_logits = lm(ft)
-        t_prob = torch.softmax(t_logits, -1)
-        t_top = t_logits.argmax(-1)
-    h_logits = lm(fh)
-    ploss = -(t_prob * torch.log_softmax(h_logits, -1)).sum(-1).mean()
-    loss = cfg.v_weight * vloss + cfg.p_weight * ploss
-    correct = int((h_logits.detach().argmax(-1) == t_top).sum())
-    return {"loss": loss, "vloss": float(vloss.detach()), "ploss": float(ploss.detach()), "correct": correct,
-            "count": n}
+    depth = cfg.ttt_depth
+    preds = [head_forward(head, emb, inp)] if depth == 1 else head_unroll(head, emb, inp, depth)
+    target_next = feats[:, 1:]                                           # [B, T-1, H]
+    total, weights = None, 0.0
+    res = {"depth_correct": [], "depth_count": []}
+    for d, pred in enumerate(preds):                                     # pred [B, T-1, H]
+        m = mask if d == 0 else mask & (torch.arange(mask.shape[1], device=dev) >= d)[None]
+        fh, ft = pred[m], target_next[m]                                 # [N, H]
+        n = int(fh.shape[0])
+        if n == 0:
+            loss_d, vloss, ploss, correct = pred.sum() * 0.0, 0.0, 0.0, 0
+        else:
+            vloss_t = F.smooth_l1_loss(fh, ft, reduction="none").mean(-1).mean()
+            with torch.no_grad():
+                t_logits = lm(ft)
+                t_prob = torch.softmax(t_logits, -1)
+                t_top = t_logits.argmax(-1)
+            h_logits = lm(fh)
+            ploss_t = -(t_prob * torch.log_softmax(h_logits, -1)).sum(-1).mean()
+            loss_d = cfg.v_weight * vloss_t + cfg.p_weight * ploss_t
+            vloss, ploss = float(vloss_t.detach()), float(ploss_t.detach())
+            correct = int((h_logits.detach().argmax(-1) == t_top).sum())
+        w = cfg.ttt_decay ** d
+        total = loss_d * w if total is None else total + loss_d * w
+        weights += w
+        res["depth_correct"].append(correct)
+        res["depth_count"].append(n)
+        if d == 0:
+            res.update({"vloss": vloss, "ploss": ploss, "correct": correct, "count": n})
+    res["loss"] = total / weights
+    return res
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -290,6 +356,8 @@ def evaluate(head, target, lm: LMHead, examples: Sequence[Example], cfg: TrainCo
     was = head.training
     head.eval()
     tot = {"loss": 0.0, "vloss": 0.0, "ploss": 0.0, "correct": 0, "count": 0}
+    dc = [0] * cfg.ttt_depth
+    dn = [0] * cfg.ttt_depth
     for i in range(0, len(examples), cfg.batch_size):
         chunk = examples[i:i + cfg.batch_size]
         ids, mask = collate(chunk, cfg.max_len)
@@ -301,10 +369,16 @@ def evaluate(head, target, lm: LMHead, examples: Sequence[Example], cfg: TrainCo
         tot["ploss"] += r["ploss"] * c
         tot["correct"] += r["correct"]
         tot["count"] += c
+        for d in range(1, cfg.ttt_depth):
+            dc[d] += r["depth_correct"][d]
+            dn[d] += r["depth_count"][d]
     head.train(was)
     c = max(1, tot["count"])
-    return {"loss": tot["loss"] / c, "vloss": tot["vloss"] / c, "ploss": tot["ploss"] / c,
-            "top1": tot["correct"] / c, "tokens": tot["count"]}
+    out = {"loss": tot["loss"] / c, "vloss": tot["vloss"] / c, "ploss": tot["ploss"] / c,
+           "top1": tot["correct"] / c, "tokens": tot["count"]}
+    for d in range(1, cfg.ttt_depth):      # top-1 of the d-th unrolled step (its own features as input)
+        out[f"top1_depth{d + 1}"] = dc[d] / max(1, dn[d])
+    return out
 
 
 def _atomic_save(obj, path: Path) -> None:
@@ -428,7 +502,8 @@ def train_eagle(target, examples: Sequence[Example], out_dir: str | Path, cfg: T
         run = {"loss": 0.0, "vloss": 0.0, "ploss": 0.0, "correct": 0, "count": 0, "batches": 0}
         log(f"[{event}] step {step} epoch {epoch}: "
             + (f"train loss {rec['train_loss']:.4f} top1 {rec['train_top1']:.3f}" if c else "untrained")
-            + (f" | val loss {rec['val_loss']:.4f} top1 {rec['val_top1']:.3f} ({rec['val_tokens']} tok)" if v else ""))
+            + (f" | val loss {rec['val_loss']:.4f} top1 {rec['val_top1']:.3f} ({rec['val_tokens']} tok)" if v else "")
+            + "".join(f" depth{d + 1} {rec[f'val_top1_depth{d + 1}']:.3f}" for d in range(1, cfg.ttt_depth) if v))
         return rec
 
     if state is None:
