@@ -212,13 +212,9 @@ def target_features(target, ids: torch.Tensor) -> torch.Tensor:
 
 
 def head_forward(head, emb: torch.Tensor, feat: torch.Tensor) -> torch.Tensor:
-    """Batched cache-free head forward: emb = embed(x_{t+1}), feat = f_t, both [B, T, H] ->
-    f̂_{t+1} [B, T, H], positions 0..T-1, causal attention."""
-    x = head.fc(torch.cat([emb, feat], dim=-1))
-    pos = torch.arange(x.shape[1], device=x.device)[None].expand(x.shape[0], -1)
-    cos_sin = head.rotary(x, pos)
-    out = head.layers[0](x, attention_mask=None, position_ids=pos, position_embeddings=cos_sin)
-    return out[0] if isinstance(out, tuple) else out
+    """Batched head forward (no KV cache kept): emb = embed(x_{t+1}), feat = f_t, both [B, T, H] ->
+    f̂_{t+1} [B, T, H], positions 0..T-1, causal attention (depth 0 of `head_unroll`)."""
+    return head_unroll(head, emb, feat, 1)[0]
 
 
 def ttt_mask(T: int, d: int, dtype: torch.dtype, device=None) -> torch.Tensor:
@@ -241,9 +237,9 @@ def ttt_mask(T: int, d: int, dtype: torch.dtype, device=None) -> torch.Tensor:
 
 
 def head_unroll(head, emb: torch.Tensor, feat: torch.Tensor, depth: int) -> list[torch.Tensor]:
-    """Training-time test (EAGLE-3's unrolled training): depth 0 is `head_forward(head, emb, feat)`;
-    depth d >= 1 feeds the head its own depth-(d-1) prediction for position t - 1 in place of the
-    real feature f_t, attending as `ttt_mask` says. emb, feat: [B, T, H]. Returns `depth` tensors
+    """Training-time test (EAGLE-3's unrolled training): depth 0 is the plain causal forward over
+    the pairs (f_t, x_{t+1}); depth d >= 1 feeds the head its own depth-(d-1) prediction for
+    position t - 1 in place of the real feature f_t, attending as `ttt_mask` says. emb, feat: [B, T, H]. Returns `depth` tensors
     [B, T, H]; entry d at position t predicts f_{t+1} (meaningful for t >= d)."""
     from transformers import DynamicCache
 
@@ -262,7 +258,8 @@ def head_unroll(head, emb: torch.Tensor, feat: torch.Tensor, depth: int) -> list
                              position_embeddings=cos_sin)
         out = out[0] if isinstance(out, tuple) else out                            # [B, T, H]
         preds.append(out)
-        inp = torch.cat([feat[:, :1], out[:, :-1]], dim=1)
+        if d + 1 < depth:
+            inp = torch.cat([feat[:, :1], out[:, :-1]], dim=1)
     return preds
 
 
@@ -299,28 +296,29 @@ def batch_loss(head, target, lm: LMHead, ids: torch.Tensor, mask: torch.Tensor, 
     if noise and cfg.noise > 0:
         u = torch.rand(inp.shape, generator=generator, dtype=dtype).to(dev)
         inp = inp + (u - 0.5) * cfg.noise
-    depth = cfg.ttt_depth
-    preds = [head_forward(head, emb, inp)] if depth == 1 else head_unroll(head, emb, inp, depth)
-    target_next = feats[:, 1:]                                           # [B, T-1, H]
+    preds = head_unroll(head, emb, inp, cfg.ttt_depth)                  # each [B, T-1, H]
+    ft_all = feats[:, 1:][mask]                                          # [N, H] covered targets
+    pos = torch.arange(mask.shape[1], device=dev).expand_as(mask)[mask]  # [N] their positions
+    if ft_all.shape[0]:
+        with torch.no_grad():                                            # soft labels, shared by every depth
+            t_logits_all = lm(ft_all)
+            t_prob_all = torch.softmax(t_logits_all, -1)
+            t_top_all = t_logits_all.argmax(-1)
     total, weights = None, 0.0
     res = {"depth_correct": [], "depth_count": []}
-    for d, pred in enumerate(preds):                                     # pred [B, T-1, H]
-        m = mask if d == 0 else mask & (torch.arange(mask.shape[1], device=dev) >= d)[None]
-        fh, ft = pred[m], target_next[m]                                 # [N, H]
+    for d, pred in enumerate(preds):
+        keep = pos >= d                      # depth d at position t needs t >= d (a real chain start)
+        fh, ft = pred[mask][keep], ft_all[keep]                          # [N_d, H]
         n = int(fh.shape[0])
         if n == 0:
             loss_d, vloss, ploss, correct = pred.sum() * 0.0, 0.0, 0.0, 0
         else:
             vloss_t = F.smooth_l1_loss(fh, ft, reduction="none").mean(-1).mean()
-            with torch.no_grad():
-                t_logits = lm(ft)
-                t_prob = torch.softmax(t_logits, -1)
-                t_top = t_logits.argmax(-1)
             h_logits = lm(fh)
-            ploss_t = -(t_prob * torch.log_softmax(h_logits, -1)).sum(-1).mean()
+            ploss_t = -(t_prob_all[keep] * torch.log_softmax(h_logits, -1)).sum(-1).mean()
             loss_d = cfg.v_weight * vloss_t + cfg.p_weight * ploss_t
             vloss, ploss = float(vloss_t.detach()), float(ploss_t.detach())
-            correct = int((h_logits.detach().argmax(-1) == t_top).sum())
+            correct = int((h_logits.detach().argmax(-1) == t_top_all[keep]).sum())
         w = cfg.ttt_decay ** d
         total = loss_d * w if total is None else total + loss_d * w
         weights += w
