@@ -105,8 +105,9 @@ class TreeConfig:
     # root + (total_tokens - 1) draft nodes kept by the global re-rank
     total_tokens: int = _ranged(60, 1, MAX_TREE_TOKENS_CAP, integer=True)
     auto: bool = False           # per step, keep only as many nodes as maximise expected tokens per
-                                 # second (measured verify-cost curve x the head's calibrated
-                                 # confidence), down to no draft; total_tokens is then the maximum
+                                 # second (verify-cost curve measured at load, shifted by what this
+                                 # request's steps really cost, x the head's calibrated confidence),
+                                 # down to no draft; total_tokens is then the maximum
 
     def __post_init__(self) -> None:
         if not isinstance(self.auto, bool):

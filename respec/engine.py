@@ -135,7 +135,8 @@ class Engine:
                 hidden = tout.hidden[torch.tensor(path, device=tout.hidden.device)]  # [a + 1, H]
             feedback = self.drafter.observe(StepOutcome(proposal=proposal, verdict=verdict,
                                                         committed=[tree.tokens[i] for i in path],
-                                                        committed_hidden=hidden, next_root=verdict.next_token))
+                                                        committed_hidden=hidden, next_root=verdict.next_token,
+                                                        verify_ms=(t_done - t_verify) * 1000))
             candidates = proposal.candidates if feedback is None else feedback
             # 3.7 Report the step.
             yield StepTrace(step=step, source=proposal.source, tree=tree, verdict=verdict,

@@ -55,6 +55,7 @@ class StepOutcome:
     committed: Sequence[int]                 # root + accepted draft tokens
     committed_hidden: torch.Tensor | None    # [len(committed), H] final-norm features (catch-up)
     next_root: int                           # the bonus / recovered token
+    verify_ms: float | None = None           # wall time of this step's target forward + verification
 
 
 class Drafter(Protocol):

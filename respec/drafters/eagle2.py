@@ -18,12 +18,19 @@ Contract (ALGORITHMS.md §4):
   ids, through the matching rows of the target's lm_head (a 6x smaller matmul on the default model);
   verification is unchanged, so output stays lossless. Published EAGLE-1/2 heads have no `d2t` and
   draft over the full vocabulary.
+- Auto budget (`TreeConfig.auto`): `choose_size` keeps the prefix of the tree (by score) that
+  maximises expected tokens per millisecond. Costs are the target's verify-cost curve, measured once
+  at load at a short context, plus the median of the last OFFSET_WINDOW steps' residuals (observed
+  verify ms minus the curve at that step's tree size), so long prompts, whose every forward costs
+  more, are judged at their own cost. Two unprofitable drafts in a row back off exponentially.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import math
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -313,6 +320,7 @@ def interpolate_cost(curve: dict[int, float], n: int) -> float:
     return curve[b] + slope * (n - b)
 
 
+OFFSET_WINDOW = 9  # steps whose verify-time residuals (median) correct the cost curve to this context
 MIN_GAIN = 0.02   # a bigger tree must beat the best smaller one by 2% (timing noise, overheads)
 
 
@@ -359,6 +367,10 @@ class Eagle2Drafter:
         self._skip = 0
         self._last_pred: float | None = None
         self.last_auto: dict | None = None
+        # verify ms observed minus the load-time curve's ms for the same tree size, last few steps:
+        # the curve is measured once at a short context, so this is what the request's longer
+        # context (and the engine's per-step work) adds to every step, drafted or not
+        self._residuals: collections.deque[float] = collections.deque(maxlen=OFFSET_WINDOW)
 
     @property
     def kappa(self) -> float:
@@ -377,6 +389,9 @@ class Eagle2Drafter:
     def observe(self, outcome: StepOutcome) -> None:
         if outcome.committed_hidden is not None:
             self._pending.append(outcome.committed_hidden)
+        if self.tree_cfg.auto and outcome.verify_ms is not None:
+            curve = self.target.verify_cost_curve(max_size=self.tree_cfg.total_tokens)
+            self._residuals.append(outcome.verify_ms - interpolate_cost(curve, outcome.proposal.tree.size))
         if self._last_pred is not None and outcome.proposal.source == "eagle":
             self._pred_sum = 0.9 * self._pred_sum + self._last_pred
             self._real_sum = 0.9 * self._real_sum + outcome.verdict.num_accepted
@@ -447,8 +462,18 @@ class Eagle2Drafter:
             tree = self._auto_prune(tree, (time.perf_counter() - t0) * 1000)
         return tree
 
+    @property
+    def context_offset_ms(self) -> float:
+        """Median of the recent verify-time residuals in ms (0 before any step): added to every
+        size of the load-time curve, it turns that curve into this request's context's costs."""
+        if not self._residuals:
+            return 0.0
+        return float(statistics.median(self._residuals))
+
     def _auto_prune(self, tree: DraftTree, draft_ms: float) -> DraftTree:
-        curve = self.target.verify_cost_curve(max_size=self.tree_cfg.total_tokens)
+        measured = self.target.verify_cost_curve(max_size=self.tree_cfg.total_tokens)
+        offset = max(self.context_offset_ms, -0.5 * min(measured.values()))   # keep every cost > 0
+        curve = {n: c + offset for n, c in measured.items()}
         size, gain, worth = choose_size(tree, curve, self.kappa, draft_ms)
         pruned = prune_tree(tree, size)
         if worth < 1.0:
@@ -460,6 +485,7 @@ class Eagle2Drafter:
         self._last_pred = sum(math.exp(s) for s in pruned.scores[1:]) if pruned.scores else 0.0
         self.last_auto = {"kept": pruned.size, "of": tree.size, "expected_tokens": round(gain, 3),
                           "kappa": round(self.kappa, 3), "rate_vs_no_draft": round(worth, 3),
+                          "context_offset_ms": round(offset, 2), "draft_ms": round(draft_ms, 2),
                           "reason": f"auto: kept {pruned.size - 1} of {tree.size - 1} nodes, expected "
                                     f"{gain:.2f} tokens/step at {worth:.2f}x the no-draft rate (κ={self.kappa:.2f})"}
         return pruned
