@@ -224,6 +224,11 @@ def test_auto_budget_corrects_the_load_time_cost_curve_to_the_request_context(mo
     assert drafter.context_offset_ms == pytest.approx(-50.0)
     drafter._auto_prune(chain, draft_ms=0.0)
     assert drafter.last_auto["context_offset_ms"] == pytest.approx(-25.0)
+    # Drafting costs the median of the recent drafts: one slow draft does not make drafting look dear.
+    assert drafter.last_auto["draft_ms"] == pytest.approx(150.0)     # median of 150, 150, 0
+    for ms in (0.0, 0.0, 0.0, 900.0):
+        drafter._auto_prune(chain, draft_ms=ms)
+    assert drafter.last_auto["draft_ms"] == pytest.approx(0.0)       # median of 150, 150, 0, 0, 0, 0, 900
 
 
 def test_head_uses_the_target_rope_base_in_float32_and_saves_it(tmp_path):

@@ -22,7 +22,8 @@ Contract (ALGORITHMS.md §4):
   maximises expected tokens per millisecond. Costs are the target's verify-cost curve, measured once
   at load at a short context, plus the median of the last OFFSET_WINDOW steps' residuals (observed
   verify ms minus the curve at that step's tree size), so long prompts, whose every forward costs
-  more, are judged at their own cost. Two unprofitable drafts in a row back off exponentially.
+  more, are judged at their own cost; drafting costs the median of the last OFFSET_WINDOW drafts' ms.
+  Two unprofitable drafts in a row back off exponentially.
 """
 from __future__ import annotations
 
@@ -320,7 +321,7 @@ def interpolate_cost(curve: dict[int, float], n: int) -> float:
     return curve[b] + slope * (n - b)
 
 
-OFFSET_WINDOW = 9  # steps whose verify-time residuals (median) correct the cost curve to this context
+OFFSET_WINDOW = 9  # recent steps whose medians (verify-time residual, draft ms) feed the auto budget
 MIN_GAIN = 0.02   # a bigger tree must beat the best smaller one by 2% (timing noise, overheads)
 
 
@@ -371,6 +372,7 @@ class Eagle2Drafter:
         # the curve is measured once at a short context, so this is what the request's longer
         # context (and the engine's per-step work) adds to every step, drafted or not
         self._residuals: collections.deque[float] = collections.deque(maxlen=OFFSET_WINDOW)
+        self._draft_times: collections.deque[float] = collections.deque(maxlen=OFFSET_WINDOW)  # ms
 
     @property
     def kappa(self) -> float:
@@ -474,6 +476,10 @@ class Eagle2Drafter:
         measured = self.target.verify_cost_curve(max_size=self.tree_cfg.total_tokens)
         offset = max(self.context_offset_ms, -0.5 * min(measured.values()))   # keep every cost > 0
         curve = {n: c + offset for n, c in measured.items()}
+        # One slow draft (another process on the cores) must not start a back-off: the cost of
+        # drafting is the median of the last few drafts, this one included.
+        self._draft_times.append(draft_ms)
+        draft_ms = float(statistics.median(self._draft_times))
         size, gain, worth = choose_size(tree, curve, self.kappa, draft_ms)
         pruned = prune_tree(tree, size)
         if worth < 1.0:
