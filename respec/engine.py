@@ -127,6 +127,7 @@ class Engine:
             step_margins = _margins(path_logits)
             _sync(dev)
             t_done = time.perf_counter()
+            draft_ms, verify_ms = (t_verify - t_draft) * 1000, (t_done - t_verify) * 1000
             committed.extend(tree.tokens[i] for i in path)
             new_tokens = [tree.tokens[i] for i in path[1:]] + [verdict.next_token]
             # 3.6 Feed back to the drafter (indexes, EMA, EAGLE catch-up features).
@@ -136,13 +137,13 @@ class Engine:
             feedback = self.drafter.observe(StepOutcome(proposal=proposal, verdict=verdict,
                                                         committed=[tree.tokens[i] for i in path],
                                                         committed_hidden=hidden, next_root=verdict.next_token,
-                                                        verify_ms=(t_done - t_verify) * 1000))
+                                                        verify_ms=verify_ms))
             candidates = proposal.candidates if feedback is None else feedback
             # 3.7 Report the step.
             yield StepTrace(step=step, source=proposal.source, tree=tree, verdict=verdict,
                             new_tokens=tuple(new_tokens), entropies=tuple(step_entropies),
                             margins=tuple(step_margins), node_ranks=node_ranks, node_probs=node_probs,
-                            draft_ms=(t_verify - t_draft) * 1000, verify_ms=(t_done - t_verify) * 1000,
+                            draft_ms=draft_ms, verify_ms=verify_ms,
                             decision=proposal.decision, candidates=tuple(candidates))
             step += 1
             # 3.8 Stop at a stop token or at max_new_tokens (the last step may overshoot: truncated).

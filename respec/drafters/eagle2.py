@@ -468,9 +468,7 @@ class Eagle2Drafter:
     def context_offset_ms(self) -> float:
         """Median of the recent verify-time residuals in ms (0 before any step): added to every
         size of the load-time curve, it turns that curve into this request's context's costs."""
-        if not self._residuals:
-            return 0.0
-        return float(statistics.median(self._residuals))
+        return float(statistics.median(self._residuals)) if self._residuals else 0.0
 
     def _auto_prune(self, tree: DraftTree, draft_ms: float) -> DraftTree:
         measured = self.target.verify_cost_curve(max_size=self.tree_cfg.total_tokens)
