@@ -30,7 +30,7 @@ from app import figures, render
 from app.render import TableDecoder, TokenizerDecoder
 from app.settings import Caps, build_config, method_label, parse_settings_json, respec_method, split_app_options
 from app.state import RUN_KEYS, Run, SessionState, run_key_for
-from app.text import EMPTY_HINT
+from app.text import EMPTY_HINT, STOPPED
 from respec.errors import ConfigError, ModelLoadError, PromptError, RespecError, TraceFormatError
 from respec.trace import GenerationResult, result_from_json, result_to_json, validate_result
 
@@ -477,6 +477,9 @@ def _compare_stream(hub: ModelHub, caps: Caps, prompt: str, values: Mapping[str,
         try:
             for partial, done in stream_run(runner, parse_prompt(prompt), configs[key], advance,
                                             caps.max_prompt_tokens):
+                if state.stop_requested:
+                    yield {"status": STOPPED}
+                    return
                 if done:
                     state.put(key, finish_run(partial, decoder))
                     break

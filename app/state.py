@@ -53,6 +53,7 @@ class SessionState:
     trace_dir: str | None = None     # this session's folder for downloadable trace files
     last_render_ms: list[float] = field(default_factory=list)   # server time of each streamed update
     running: bool = False            # a run of this tab is queued or going (set by Run, cleared at its end / Stop)
+    stop_requested: bool = False     # Stop was pressed during the current run (cleared by the next Run)
 
     def put(self, key: str, run: Run) -> None:
         self.runs[key] = run

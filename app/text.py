@@ -107,4 +107,5 @@ STEP_HELP = ("Pick a run and a step (one target forward). The tree shows every d
              "(EAGLE-2); the thick line is the accepted path, the green node the target's bonus token. "
              "Click a point of the entropy plot to jump to its step.")
 
+STOPPED = "■ stopped."   # the status line after Stop (the Run stream and the Stop handler both write it)
 EMPTY_HINT = "Type a prompt and press **Run**, or open a recorded trace under *Trace files*."

@@ -26,7 +26,7 @@ from app.lab import lab_request, lab_stream
 from app.render import colors
 from app.settings import PRESET_HELP, PRESETS, SECTIONS, SPECS, Caps, non_default, preset_values
 from app.state import SessionState
-from app.text import (ABOUT_MD, API_MD, DIFF_COLORS, EMPTY_HINT, INTRO, LEGEND_MD, STEP_HELP, TITLE)
+from app.text import (ABOUT_MD, API_MD, DIFF_COLORS, EMPTY_HINT, INTRO, LEGEND_MD, STEP_HELP, STOPPED, TITLE)
 from respec.errors import RespecError
 
 #: Seconds of GPU a ZeroGPU Space reserves per run (RESPEC_GPU_DURATION; spaces.GPU's default is 60).
@@ -462,13 +462,15 @@ def _claim(state: SessionState) -> str:
             raise gr.Error("A run is already going in this tab: wait for it, or press Stop first.",
                            print_exception=False)
         state.running = True
+        state.stop_requested = False
     return "▶ queued…"
 
 
 def _stop(state: SessionState) -> str:
     if isinstance(state, SessionState):
         state.running = False
-    return "■ stopped."
+        state.stop_requested = True     # the stream also checks this, so a late update cannot undo the stop
+    return STOPPED
 
 
 def _guard(fn: Callable, comps: dict[str, Any]) -> Callable:

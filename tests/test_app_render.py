@@ -370,6 +370,28 @@ def test_a_newer_run_supersedes_a_cancelled_one():
     assert "superseded" in rest[-1]["status"], "The old run stops at its next step instead of touching the cache."
 
 
+def test_stop_ends_the_stream_with_a_stopped_status():
+    """Stop marks the tab's state; the run's stream notices at its next step and its last word is
+    "stopped", so an update already in flight cannot leave the page saying "step N"."""
+    from app.text import STOPPED
+    from app.ui import _claim, _stop
+    hub, state = tiny_hub(), SessionState()
+    _claim(state)
+    run = handlers.compare_stream(hub, CAPS, REPEAT, {"max_new_tokens": 30, "tree.auto": False}, False, False,
+                                  False, state)
+    for update in run:                                   # up to the first streamed update
+        if update.get("respec_live", "").startswith("running"):
+            break
+    assert _stop(state) == STOPPED
+    rest = list(run)
+    assert rest and rest[-1] == {"status": STOPPED}, rest[-1:]
+    assert "respec" not in state.runs and not state.running
+    _claim(state)                                        # the next Run clears the stop
+    assert not state.stop_requested
+    again = list(handlers.compare_stream(hub, CAPS, REPEAT, {"max_new_tokens": 6}, False, False, False, state))
+    assert again[-1]["status"].startswith("✔ done")
+
+
 def test_a_json_message_list_is_a_chat_prompt():
     chat = [{"role": "user", "content": "w5 w6 w7"}, {"role": "assistant", "content": "w8"},
             {"role": "user", "content": "w5 w6"}]
