@@ -47,6 +47,7 @@ from respec.config import TreeConfig
 from respec.drafters.base import Decision, DraftContext, Proposal, StepOutcome
 from respec.errors import ModelLoadError
 from respec.models.base import TargetModel
+from respec.models.kv import slab_cache
 from respec.tree import DraftTree
 
 _HEAD_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
@@ -357,7 +358,7 @@ class Eagle2Drafter:
         self.target = target
         self.head = head
         self.tree_cfg = tree
-        self.cache = DynamicCache()
+        self.cache = slab_cache(head.config)
         self._pending: list[torch.Tensor] = []   # each [m_i, H]: features of committed positions
         self._reset_auto()
 
@@ -384,7 +385,7 @@ class Eagle2Drafter:
         return self.cache.get_seq_length()
 
     def reset(self, prompt: Sequence[int], prompt_hidden: torch.Tensor | None) -> None:
-        self.cache = DynamicCache()
+        self.cache = slab_cache(self.head.config)
         self._pending = [] if prompt_hidden is None else [prompt_hidden]
         self._reset_auto()
 

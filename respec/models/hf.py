@@ -4,7 +4,9 @@ Contract: works with any transformers decoder whose base model returns `last_hid
 the final norm and whose output layer is `get_output_embeddings()` (Llama, Qwen2, Mistral, Gemma...).
 Tree verification passes an additive 4D float mask of shape (1, 1, n, kv_len + n) and explicit
 position ids kv_len + depth; chains and single tokens use the model's own causal mask (identical
-logits, fewer allocations). The KV cache is transformers' own DynamicCache. Compaction after a
+logits, fewer allocations). The KV cache is transformers' own DynamicCache with its full-attention
+layers stored in growing slabs (respec/models/kv.py: no whole-cache copy per forward), and masked
+tree forwards use grouped-query SDPA on the CPU (respec/models/attention.py). Compaction after a
 non-prefix path gathers the kept rows of every layer along the sequence axis, then crops
 (`DynamicCache.crop` takes a NEGATIVE count in transformers 5; see shared/models/README.md §3.2).
 No modeling file is forked or patched.
@@ -18,6 +20,8 @@ import torch
 from transformers import DynamicCache
 
 from respec.models.base import TargetOutput
+from respec.models.attention import use_tree_attention
+from respec.models.kv import slab_cache
 from respec.tree import DraftTree
 
 
@@ -25,6 +29,8 @@ class HFTarget:
     def __init__(self, model, *, eos_token_ids: frozenset[int] = frozenset(), context_length: int | None = None,
                  name: str = "model", tokenizer=None) -> None:
         self.model = model.eval()
+        # masked multi-token forwards skip repeat_kv on the CPU (attention.py); other models get no extra kwarg
+        self._tree_kwargs = {"respec_gqa": True} if use_tree_attention(model) else {}
         self.tokenizer = tokenizer
         self.name = name
         cfg = model.config
@@ -65,7 +71,7 @@ class HFTarget:
 
     # ------------------------------------------------------------------ seam
     def reset(self) -> None:
-        self.cache = DynamicCache(config=self.model.config)
+        self.cache = slab_cache(self.model.config)
         self._pending = 0
 
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -104,7 +110,7 @@ class HFTarget:
             mask = torch.zeros(1, 1, n, past + n, dtype=self.dtype)
             mask = mask.masked_fill(~allowed, torch.finfo(self.dtype).min).to(self.device)  # [1,1,n,past+n]
         out = self._base(input_ids=ids, attention_mask=mask, position_ids=(past + depths)[None],
-                         cache=self.cache, use_cache=True)
+                         cache=self.cache, use_cache=True, **self._tree_kwargs)
         self._pending = n
         hidden = out.last_hidden_state[0]                                            # [n, H]
         logits = self.lm_head(hidden).float()                                        # [n, V]
@@ -126,7 +132,7 @@ class HFTarget:
         try:
             vocab = min(self.vocab_size, 1000)
             context = max(1, min(context, self.context_length // 2))
-            self.cache, self._pending = DynamicCache(config=self.model.config), 0
+            self.cache, self._pending = slab_cache(self.model.config), 0
             ids = torch.arange(context, device=self.device)[None] % vocab
             self._base(input_ids=ids, cache=self.cache, use_cache=True)
             for n in missing:

@@ -1,0 +1,51 @@
+"""Attention for tree verification on the CPU, through transformers' public AttentionInterface.
+
+Contract: `use_tree_attention(model)` registers the attention function "respec_sdpa" (the same
+function each time; the mask builder is transformers' own `sdpa_mask`) and switches a model that uses "sdpa"
+to it. Every call that does not pass `respec_gqa=True` goes to transformers' `sdpa_attention_forward`
+unchanged, so `model.generate` (the hf peers of the benchmark) and single-token decoding run
+exactly the stock code. A call with `respec_gqa=True` (HFTarget.forward_tree), a mask, more than one
+query and grouped KV heads, on the CPU, calls torch's SDPA with `enable_gqa=True`: stock transformers
+only does that without a mask and otherwise copies every layer's keys and values to all query heads
+first (`repeat_kv`: ~55 MB per 16-node verify at a 800-token context on the default model). Same
+maths, bit-identical logits (tests/test_kv_cache.py). On CUDA a masked GQA call would fall back to
+torch's math kernel, so there the stock path is kept.
+"""
+from __future__ import annotations
+
+import torch
+
+NAME = "respec_sdpa"
+
+
+def respec_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+    """query [B, H, q, D], key/value [B, H_kv, k, D], mask [B, 1, q, k] -> ([B, q, H, D], None)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    tree_call = kwargs.pop("respec_gqa", False)
+    if (tree_call and query.device.type == "cpu" and attention_mask is not None and query.shape[2] > 1
+            and getattr(module, "num_key_value_groups", 1) > 1 and dropout == 0.0
+            and kwargs.get("position_bias") is None and kwargs.get("softcap") is None):
+        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
+                                                               scale=scaling, enable_gqa=True)
+        return out.transpose(1, 2).contiguous(), None
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                  is_causal=is_causal, **kwargs)
+
+
+def use_tree_attention(model) -> bool:
+    """Switch `model` from "sdpa" to "respec_sdpa" (see the module docstring). Returns whether it did."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    if getattr(model.config, "_attn_implementation", None) != "sdpa" or not hasattr(model, "set_attn_implementation"):
+        return False
+    AttentionInterface.register(NAME, respec_sdpa)           # idempotent: the same function each time
+    AttentionMaskInterface.register(NAME, sdpa_mask)
+    try:
+        model.set_attn_implementation(NAME)
+    except (ValueError, ImportError):       # a model class that refuses custom attention keeps sdpa
+        return False
+    return True

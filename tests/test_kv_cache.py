@@ -1,0 +1,123 @@
+"""The slab KV cache (respec/models/kv.py) behaves exactly like transformers' DynamicCache: same
+rows after any mix of appends, crops and in-place compaction, and bit-identical target logits."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from respec.models.kv import INITIAL_CAPACITY, SlabLayer, slab_cache
+from respec.tree import DraftTree
+from tests.conftest import make_target
+
+
+def test_slab_layer_matches_a_dynamic_layer_through_appends_crops_and_compaction():
+    rng = random.Random(0)
+    slab, ref = SlabLayer(), DynamicLayer()
+    length = 0
+    for _ in range(200):
+        n = rng.choice([1, 1, 3, 16, 40])
+        k, v = torch.randn(1, 2, n, 4), torch.randn(1, 2, n, 4)
+        ks, vs = slab.update(k, v)
+        kr, vr = ref.update(k, v)
+        length += n
+        assert torch.equal(ks, kr) and torch.equal(vs, vr) and slab.get_seq_length() == length
+        drop = rng.randint(0, n - 1)
+        if drop:
+            slab.crop(-drop)
+            ref.crop(-drop)
+            length -= drop
+        if length > 3 and rng.random() < 0.3:      # HFTarget.keep's compaction writes through the view
+            src = torch.tensor([length - 1, length - 3])
+            for layer in (slab, ref):
+                for t in (layer.keys, layer.values):
+                    t[:, :, length - 3:length - 1] = t.index_select(2, src)
+        assert torch.equal(slab.keys, ref.keys) and torch.equal(slab.values, ref.values)
+    assert length > INITIAL_CAPACITY, "the test grows the slab past its first capacity"
+    with pytest.raises(ValueError, match="negative"):
+        slab.crop(3)
+
+
+def test_slab_cache_replaces_only_plain_full_attention_layers():
+    target = make_target("llama")
+    cache = slab_cache(target.model.config)
+    assert cache.layers and all(isinstance(layer, SlabLayer) for layer in cache.layers)
+    assert len(cache.layers) == len(DynamicCache(config=target.model.config).layers)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_target_logits_are_bit_identical_with_the_slab_cache(arch, monkeypatch):
+    """The same prefill, trees, keeps and chains through both caches give equal logits."""
+    rng = random.Random(1)
+    prompt = [rng.randrange(3, 120) for _ in range(30)]
+    plan = []
+    for _ in range(12):
+        n = rng.randint(1, 9)
+        parents = [-1] + [rng.randrange(0, i) for i in range(1, n)]
+        tokens = [rng.randrange(3, 120) for _ in range(n)]
+        node, path = n - 1, []
+        while node >= 0:
+            path.append(node)
+            node = parents[node]
+        plan.append((tokens, parents, sorted(path)))
+
+    def logits_with(cache_factory):
+        target = make_target(arch)
+        monkeypatch.setattr("respec.models.hf.slab_cache", cache_factory)
+        outs = [target.prefill(prompt).logits]
+        for tokens, parents, path in plan:
+            outs.append(target.forward_tree(DraftTree.from_parents(tokens, parents, "eagle")).logits)
+            target.keep(path)
+        return outs, target.kv_len
+
+    slab, slab_len = logits_with(slab_cache)
+    dyn, dyn_len = logits_with(lambda config: DynamicCache(config=config))
+    assert slab_len == dyn_len == len(prompt) + sum(len(p) for _, _, p in plan)
+    for a, b in zip(slab, dyn):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_tree_attention_is_bit_identical_to_stock_sdpa(arch, monkeypatch):
+    """HFTarget switches the model to respec_sdpa; masked tree forwards then use grouped-query SDPA
+    (no repeat_kv). The logits equal those of the stock sdpa path exactly, and calls without the
+    flag (model.generate, the hf peers) stay on the stock function."""
+    from respec.models import attention
+
+    target = make_target(arch)
+    cfg = target.model.config
+    assert cfg._attn_implementation == attention.NAME and target._tree_kwargs
+    assert cfg.num_attention_heads > cfg.num_key_value_heads, "a GQA model, or the test shows nothing"
+    seen = []                                       # (enable_gqa, heads of the keys, masked) of every SDPA call
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, **kw):
+        seen.append((kw.get("enable_gqa", False), k.shape[1], kw.get("attn_mask") is not None))
+        return sdpa(q, k, v, **kw)
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+
+    rng = random.Random(2)
+    prompt = [rng.randrange(3, 120) for _ in range(40)]
+    tree = DraftTree.from_parents([rng.randrange(3, 120) for _ in range(9)], [-1, 0, 0, 1, 1, 2, 3, 3, 6], "eagle")
+    chain = DraftTree.chain(7, [8, 9, 10, 11], "retrieval")
+    outs = {}
+    for flag in (True, False):
+        target._tree_kwargs = {"respec_gqa": True} if flag else {}
+        target.prefill(prompt)
+        seen.clear()
+        a = target.forward_tree(tree).logits
+        target.keep([0, 1, 3])
+        b = target.forward_tree(chain).logits
+        target.keep([0, 1])
+        outs[flag] = (a, b)
+        assert seen and all(masked for _, _, masked in seen), "tree and chain forwards carry a mask"
+        assert {g for g, _, _ in seen} == {flag}, f"respec_gqa={flag}: SDPA calls {seen[:3]}"
+        assert {h for _, h, _ in seen} == {cfg.num_key_value_heads if flag else cfg.num_attention_heads}
+    assert torch.equal(outs[True][0], outs[False][0]) and torch.equal(outs[True][1], outs[False][1])
+    seen.clear()
+    target.model.generate(torch.tensor([prompt]), max_new_tokens=3, do_sample=False)
+    # stock sdpa uses grouped SDPA only without a mask; with one it repeats the keys to every head
+    assert seen and not any(g and masked for g, _, masked in seen), "model.generate stays on the stock path"
