@@ -22,7 +22,7 @@ from respec.errors import PromptError
 from respec.models.base import TargetModel
 from respec.sampling import entropy, probs_from_logits, sample
 from respec.trace import GenerationResult, StepTrace
-from respec.verify import node_target_stats, verify_greedy, verify_sampling
+from respec.verify import NodeStats, node_target_stats, verify_greedy, verify_sampling
 
 
 def _sync(device: torch.device) -> None:
@@ -36,11 +36,10 @@ def _margins(logits: torch.Tensor) -> list[float]:
     return (top2[:, 0] - top2[:, 1]).tolist()
 
 
-def _node_ranks_probs(tree, logits: torch.Tensor) -> tuple[tuple[int, ...], tuple[float, ...]]:
+def _node_ranks_probs(stats: NodeStats) -> tuple[tuple[int, ...], tuple[float, ...]]:
     """For every node i > 0: the rank (1 = top-1) and probability of its token under the target's
-    distribution after its parent. logits: [n + 1, V]. The root gets rank 0 and probability 1."""
-    ranks, _, logprobs = node_target_stats(tree, logits)
-    ranks, probs = ranks.tolist(), logprobs.exp().tolist()
+    distribution after its parent. The root gets rank 0 and probability 1."""
+    ranks, probs = stats.ranks.tolist(), stats.logprobs.exp().tolist()
     ranks[0], probs[0] = 0, 1.0
     return tuple(int(r) for r in ranks), tuple(float(p) for p in probs)
 
@@ -114,15 +113,16 @@ class Engine:
             # 3.3 One target forward over the whole tree (tree mask, depth positions).
             tout = self.target.forward_tree(tree, need_hidden=self.drafter.needs_hidden)
             # 3.4 Verify: strict greedy, or lossless speculative sampling.
+            stats = node_target_stats(tree, tout.logits)    # for the trace, and the relaxed rule
             if greedy:
-                verdict = verify_greedy(tree, tout.logits, self.relax, self.no_relax_ids)
+                verdict = verify_greedy(tree, tout.logits, self.relax, self.no_relax_ids, stats)
             else:
                 verdict = verify_sampling(tree, probs_from_logits(tout.logits, cfg.sampling), gen)
             # 3.5 Keep only the accepted path in the KV cache; commit root + accepted tokens.
             path = list(verdict.path)
             self.target.keep(path)
             path_logits = tout.logits[path]                                     # [a + 1, V]
-            node_ranks, node_probs = _node_ranks_probs(tree, tout.logits)
+            node_ranks, node_probs = _node_ranks_probs(stats)
             step_entropies = entropy(path_logits).tolist()
             step_margins = _margins(path_logits)
             _sync(dev)

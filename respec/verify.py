@@ -53,27 +53,35 @@ class Verdict:
                    node_status=tuple(d["node_status"]), num_relaxed=int(d.get("num_relaxed", 0)))
 
 
-def node_target_stats(tree: DraftTree, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """How the target rates each node's token, from the logits of the node's parent.
-    logits: [n + 1, vocab]. Returns ranks [n + 1] (1 = the target's top-1), gaps [n + 1] (top-1
-    logit minus the token's logit, which equals the log-prob gap) and log-probs [n + 1]. Row 0 (the
+@dataclass(frozen=True)
+class NodeStats:
+    """How the target rates each node's token, from the logits of the node's parent. Row 0 (the
     root) is rated against its own logits and carries no meaning."""
+    ranks: torch.Tensor       # [n + 1] int64; 1 = the target's top-1
+    gaps: torch.Tensor        # [n + 1]; top-1 logit minus the token's logit (= the log-prob gap)
+    logprobs: torch.Tensor    # [n + 1]; log p(token | ancestors)
+
+
+def node_target_stats(tree: DraftTree, logits: torch.Tensor) -> NodeStats:
+    """logits: [n + 1, V] (row i predicts the children of node i) -> NodeStats of every node.
+    Row maxima and log-normalisers are taken once per row and indexed by parent; only the rank
+    needs the parent row per node."""
     parents = torch.tensor([max(p, 0) for p in tree.parents], dtype=torch.long, device=logits.device)
     tok = torch.tensor(tree.tokens, dtype=torch.long, device=logits.device)
-    z = logits[parents]                                                    # [n + 1, V]: row i predicts node i
-    zd = z.gather(1, tok[:, None])[:, 0]                                   # logit of each node's token
-    ranks = (z > zd[:, None]).sum(-1) + 1
-    gaps = z.max(-1).values - zd
-    logprobs = zd - torch.logsumexp(z, dim=-1)
-    return ranks, gaps, logprobs
+    zd = logits[parents, tok]                                              # [n + 1]: logit of each node's token
+    ranks = (logits.index_select(0, parents) > zd[:, None]).sum(-1) + 1    # [n + 1]
+    gaps = logits.max(-1).values[parents] - zd
+    logprobs = zd - torch.logsumexp(logits, dim=-1)[parents]
+    return NodeStats(ranks=ranks, gaps=gaps, logprobs=logprobs)
 
 
 def verify_greedy(tree: DraftTree, logits: torch.Tensor, relax: RelaxConfig | None = None,
-                  no_relax_ids: frozenset[int] = frozenset()) -> Verdict:
+                  no_relax_ids: frozenset[int] = frozenset(), stats: NodeStats | None = None) -> Verdict:
     """Greedy verification: strict everywhere, or source-aware relaxed when `relax` is given with a
-    budget > 0 and the tree has retrieval nodes (see `verify_relaxed`)."""
+    budget > 0 and the tree has retrieval nodes (see `verify_relaxed`; `stats`, when the caller has
+    them already, are `node_target_stats(tree, logits)`)."""
     if relax is not None and relax.budget > 0 and "retrieval" in tree.sources:
-        return verify_relaxed(tree, logits, relax, no_relax_ids)
+        return verify_relaxed(tree, logits, relax, no_relax_ids, stats)
     return verify_strict(tree, logits)
 
 
@@ -151,7 +159,7 @@ def verify_sampling(tree: DraftTree, probs: torch.Tensor, generator: torch.Gener
 
 
 def verify_relaxed(tree: DraftTree, logits: torch.Tensor, relax: RelaxConfig,
-                   no_relax_ids: frozenset[int] = frozenset()) -> Verdict:
+                   no_relax_ids: frozenset[int] = frozenset(), stats: NodeStats | None = None) -> Verdict:
     """ReSpec's source-aware relaxed verification (ALGORITHMS.md §1.6), greedy only.
     logits: [n + 1, vocab]. On each root-to-leaf path x0 -> d_1 .. d_m, with z_i the logits of the
     node that predicts d_i and a_i = argmax z_i:
@@ -167,7 +175,8 @@ def verify_relaxed(tree: DraftTree, logits: torch.Tensor, relax: RelaxConfig,
     top1_list = top1.tolist()
     tokens = tree.tokens
     n = tree.size
-    rank, gap, _ = node_target_stats(tree, logits)
+    stats = stats if stats is not None else node_target_stats(tree, logits)
+    rank, gap = stats.ranks, stats.gaps
     strict = [tokens[i] == top1_list[tree.parents[i]] for i in range(n)]
     strict[0] = True
     plausible = [False] * n

@@ -1,4 +1,5 @@
 """Verification with hand-built logits (greedy strict) and a distribution test (sampling)."""
+import pytest
 import torch
 
 from respec.config import SamplingConfig
@@ -103,3 +104,19 @@ def test_top_k_and_top_p_truncate_the_distribution():
 
 def test_entropy_in_nats():
     assert abs(entropy(torch.zeros(1, 4)).item() - torch.log(torch.tensor(4.0)).item()) < 1e-6
+
+
+def test_node_target_stats_match_a_per_node_computation():
+    """Ranks, gaps and log-probs of each node under its parent's row, against a plain loop."""
+    from respec.verify import node_target_stats
+    gen = torch.Generator().manual_seed(3)
+    tree = DraftTree.from_parents([5, 1, 2, 3, 1, 0, 4], [-1, 0, 0, 1, 1, 2, 5], "eagle")
+    logits = torch.randn(tree.size, 6, generator=gen)
+    logits[2, 0] = logits[2].max() + 1.0          # node 5 (token 0 under node 2) is its row's top-1
+    stats = node_target_stats(tree, logits)
+    for i in range(1, tree.size):
+        row, tok = logits[tree.parents[i]], tree.tokens[i]
+        assert int(stats.ranks[i]) == 1 + int((row > row[tok]).sum())
+        assert float(stats.gaps[i]) == pytest.approx(float(row.max() - row[tok]))
+        assert float(stats.logprobs[i]) == pytest.approx(float(torch.log_softmax(row, -1)[tok]), abs=1e-6)
+    assert int(stats.ranks[5]) == 1 and float(stats.gaps[5]) == 0.0
