@@ -9,7 +9,9 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from respec.models.hf import HFTarget
 from respec.models.kv import INITIAL_CAPACITY, SlabLayer, slab_cache
+from respec.models.tiny import tiny_llama
 from respec.tree import DraftTree
 from tests.conftest import make_target
 
@@ -121,3 +123,24 @@ def test_tree_attention_is_bit_identical_to_stock_sdpa(arch, monkeypatch):
     target.model.generate(torch.tensor([prompt]), max_new_tokens=3, do_sample=False)
     # stock sdpa uses grouped SDPA only without a mask; with one it repeats the keys to every head
     assert seen and not any(g and masked for g, _, masked in seen), "model.generate stays on the stock path"
+
+
+@pytest.mark.parametrize("method", ["eagle2", "sam"])
+def test_generation_across_the_slab_growth_equals_vanilla(method):
+    """A prompt just under the slab's first capacity: the target's and the head's slabs grow during
+    decoding, mid tree forward, and the output still equals vanilla's token for token."""
+    from tests.conftest import OracleDrafter, run
+
+    target = HFTarget(tiny_llama(max_positions=1024), eos_token_ids=frozenset(), context_length=1024,
+                      name="tiny-llama-1k")
+    rng = random.Random(4)
+    prompt = [rng.randrange(3, 120) for _ in range(INITIAL_CAPACITY - 6)]
+    ref = run(target, "vanilla", prompt, max_new_tokens=40)
+    assert len(ref.tokens) == 40
+    if method == "eagle2":        # an oracle that is right for a while, then wrong: long accepted paths
+        drafter = OracleDrafter(ref.tokens, len(prompt), "partial", target.vocab_size, seed=1)
+        out = run(target, "eagle2", prompt, drafter=drafter, max_new_tokens=40)
+    else:                         # the random head's cache grows too
+        out = run(target, "sam", prompt, max_new_tokens=40, **{"tree.auto": False, "sam.len_threshold": 2})
+    assert out.tokens == ref.tokens
+    assert target.cache.layers[0]._k.shape[2] > INITIAL_CAPACITY, "the target's slab grew"
