@@ -1,5 +1,5 @@
-"""The target's KV cache: transformers' DynamicCache with its full-attention layers stored in one
-growing slab per layer instead of being re-concatenated on every forward.
+"""KV caches of the target and the EAGLE head: transformers' DynamicCache with its full-attention
+layers stored in one growing slab per layer instead of being re-concatenated on every forward.
 
 Contract: `slab_cache(config)` returns a `DynamicCache` whose plain `DynamicLayer`s are replaced by
 `SlabLayer`s (sliding-window and other layer kinds are kept as transformers made them). A SlabLayer
