@@ -8,11 +8,10 @@ count and forward count of each, and whether the token ids are identical.
 from __future__ import annotations
 
 import argparse
-import json
 
 
 def main() -> None:
-    from respec.bench import hf_generate
+    from respec.bench import hf_generate, load_questions
     from respec.models import load_target
     from respec.models.attention import NAME
     from respec.runner import Runner
@@ -23,14 +22,13 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     args = ap.parse_args()
     ids = [int(x) for x in args.ids.split(",")]
-    with open(args.questions, encoding="utf-8") as f:
-        questions = {q["question_id"]: q for q in map(json.loads, f)}
+    questions = {q.question_id: q for q in load_questions(args.questions)}
     target = load_target("default")
     runner = Runner(target)
     print(f"| question | {NAME}: tokens, forwards | sdpa: tokens, forwards | identical |")
     print("|---|---|---|---|")
     for qid in ids:
-        ids_in = runner.encode([{"role": "user", "content": questions[qid]["turns"][0]}])
+        ids_in = runner.encode([{"role": "user", "content": questions[qid].turns[0]}])
         out = {}
         for impl in (NAME, "sdpa"):
             target.model.set_attn_implementation(impl)

@@ -8,7 +8,6 @@ median ms of 20 calls each.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
@@ -28,6 +27,7 @@ def _median_ms(fn, reps: int = 20) -> float:
 def main() -> None:
     import torch
 
+    from respec.bench import load_questions
     from respec.models import load_target
     from respec.runner import Runner
     from respec.tree import DraftTree
@@ -40,8 +40,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     args = ap.parse_args()
     ids = [int(x) for x in args.ids.split(",")]
-    with open(args.questions, encoding="utf-8") as f:
-        questions = {q["question_id"]: q for q in map(json.loads, f)}
+    questions = {q.question_id: q for q in load_questions(args.questions)}
     target = load_target("default")
     runner = Runner(target)
     print("| run | question | steps | MAT | median draft ms | median verify ms |")
@@ -50,7 +49,7 @@ def main() -> None:
     for name, overrides in runs + [("vanilla", {"method": "vanilla"})]:
         for qid in ids:
             cfg = runner.config({**overrides, "max_new_tokens": args.max_new_tokens})
-            res = runner.generate(questions[qid]["turns"][0], cfg)
+            res = runner.generate(questions[qid].turns[0], cfg)
             steps = res.steps
             print(f"| {name} | {qid} | {len(steps)} | {len(res.tokens) / max(1, len(steps)):.2f} | "
                   f"{statistics.median(s.draft_ms for s in steps):.1f} | "
