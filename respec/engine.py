@@ -17,6 +17,7 @@ from typing import Iterator, Sequence
 import torch
 
 from respec.config import RELAXED_METHODS, EngineConfig
+from respec.cost import CostModel, cost_max_size
 from respec.drafters.base import DraftContext, Drafter, StepOutcome
 from respec.errors import PromptError
 from respec.models.base import TargetModel
@@ -59,6 +60,15 @@ class Engine:
         self.last_result: GenerationResult | None = None
         self._first: tuple[int, float, float, float] | None = None
 
+    def cost_model(self) -> CostModel | None:
+        """This request's cost model (respec/cost.py) when `tree.auto` is on and the target measures
+        a verify-cost curve; None (fixed draft sizes) otherwise."""
+        cfg = self.config
+        curve = getattr(self.target, "verify_cost_curve", None)
+        if not cfg.tree.auto or cfg.method == "vanilla" or curve is None:
+            return None
+        return CostModel(lambda n: curve(max_size=n), cost_max_size(cfg))
+
     def check_prompt(self, prompt: Sequence[int]) -> None:
         if len(prompt) == 0:
             raise PromptError("the prompt is empty")
@@ -97,11 +107,12 @@ class Engine:
             return
 
         # 3. Loop: draft, verify in one forward, commit, feed back, report.
+        cost = self.cost_model()
         step = 0
         while True:
             # 3.1 Context for the drafter: node cap keeps the tree inside the model's context.
             max_nodes = max(1, ctx_len - len(committed))
-            ctx = DraftContext(tokens=committed, root=root, entropies=entropies, max_nodes=max_nodes)
+            ctx = DraftContext(tokens=committed, root=root, entropies=entropies, max_nodes=max_nodes, cost=cost)
             # 3.2 Propose a tree rooted at the root (timed as drafting).
             t_draft = time.perf_counter()
             proposal = self.drafter.propose(ctx)
@@ -121,13 +132,16 @@ class Engine:
             # 3.5 Keep only the accepted path in the KV cache; commit root + accepted tokens.
             path = list(verdict.path)
             self.target.keep(path)
+            _sync(dev)
+            t_done = time.perf_counter()
+            draft_ms, verify_ms = (t_verify - t_draft) * 1000, (t_done - t_verify) * 1000
+            if cost is not None:
+                cost.observe(tree.size, verify_ms)
+            # trace statistics, outside the timed window (the cost model must see the forward only)
             path_logits = tout.logits[path]                                     # [a + 1, V]
             node_ranks, node_probs = _node_ranks_probs(stats)
             step_entropies = entropy(path_logits).tolist()
             step_margins = _margins(path_logits)
-            _sync(dev)
-            t_done = time.perf_counter()
-            draft_ms, verify_ms = (t_verify - t_draft) * 1000, (t_done - t_verify) * 1000
             committed.extend(tree.tokens[i] for i in path)
             new_tokens = [tree.tokens[i] for i in path[1:]] + [verdict.next_token]
             # 3.6 Feed back to the drafter (indexes, EMA, EAGLE catch-up features).

@@ -43,12 +43,13 @@ class Runner:
             self.head = random_head(target, seed=0)
             self.head_info = "random (untrained; lossless but accepts little)"
 
-    def config(self, overrides: dict | None = None) -> EngineConfig:
+    def config(self, overrides: dict | None = None, **settings) -> EngineConfig:
         """EngineConfig for this target's device: device defaults (respec.config.device_defaults),
-        then `overrides` (dotted keys or aliases, as from the CLI / app settings JSON)."""
+        then `overrides` (dotted keys or aliases, as from the CLI / app settings JSON), then keyword
+        settings (aliases or top-level names: `runner.config(method="sam", max_new_tokens=64)`)."""
         from respec.config import device_defaults
         base = EngineConfig().with_overrides(device_defaults(self.target.device.type))
-        return base.with_overrides(dict(overrides or {}))
+        return base.with_overrides({**dict(overrides or {}), **settings})
 
     @functools.cached_property
     def no_relax_ids(self) -> frozenset[int]:
@@ -67,7 +68,8 @@ class Runner:
     def engine(self, config: EngineConfig) -> Engine:
         if config.tree.auto and config.method != "vanilla" and hasattr(self.target, "verify_cost_curve"):
             # measured once per target and size, here rather than inside the first timed run
-            self.target.verify_cost_curve(max_size=config.tree.total_tokens)
+            from respec.cost import cost_max_size
+            self.target.verify_cost_curve(max_size=cost_max_size(config))
         drafter = make_drafter(config.method, self.target, config, head=self.head)
         return Engine(self.target, drafter, config, tokenizer=self.tokenizer, no_relax_ids=self.no_relax_ids)
 
@@ -86,7 +88,15 @@ class Runner:
                 "prompt": prompt, "torch": torch.__version__, "transformers": transformers.__version__,
                 "python": platform.python_version()}
 
-    def generate(self, prompt: str | list[dict], config: EngineConfig, chat: bool = True) -> GenerationResult:
+    def generate(self, prompt: str | list[dict], config: EngineConfig | None = None, chat: bool = True,
+                 **settings) -> GenerationResult:
+        """Run one prompt. Without `config`, the device defaults plus keyword `settings`
+        (`runner.generate(text, method="sam", max_new_tokens=64)`); an explicit EngineConfig is
+        used as given (build it with `runner.config(...)` to keep the device defaults)."""
+        if config is None:
+            config = self.config(**settings)
+        elif settings:
+            config = config.with_overrides(settings)
         ids = self.encode(prompt, chat=chat)
         result = self.engine(config).generate(ids)
         result.meta.update(self.meta(config, prompt))

@@ -101,6 +101,23 @@ class DraftTree:
                 node = nxt
         return cls.from_parents(tokens, parents, source, scores=scores)
 
+    def subtree(self, nodes: Sequence[int]) -> "DraftTree":
+        """The root plus draft `nodes` (indices into this tree; must be ancestor-closed), in their
+        original order, with scores and draft probabilities carried over."""
+        keep = [0] + sorted(set(int(i) for i in nodes) - {0})
+        if len(keep) == self.size:
+            return self
+        index = {old: new for new, old in enumerate(keep)}
+        try:
+            parents = [-1] + [index[self.parents[i]] for i in keep[1:]]
+        except KeyError:
+            raise ValueError("subtree: the kept nodes are not ancestor-closed") from None
+        return DraftTree.from_parents([self.tokens[i] for i in keep], parents,
+                                      [self.sources[i] for i in keep],
+                                      scores=None if self.scores is None else [self.scores[i] for i in keep],
+                                      draft_probs=None if self.draft_probs is None
+                                      else [self.draft_probs[i] for i in keep])
+
     # ---------------------------------------------------------------- derived views
     @property
     def size(self) -> int:

@@ -9,12 +9,15 @@ target's KV cache and never decides acceptance; it only proposes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 import torch
 
 from respec.tree import DraftTree
 from respec.verify import Verdict
+
+if TYPE_CHECKING:
+    from respec.cost import CostModel
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,7 @@ class DraftContext:
     entropies: Sequence[float]     # nats; entropy of the distribution that produced each generated
                                    # token, the root's last (prompt positions excluded)
     max_nodes: int                 # tree size cap for this step (context room), root included
+    cost: "CostModel | None" = None  # this request's cost model (tree.auto), None = fixed sizes
 
 
 @dataclass(frozen=True)

@@ -18,20 +18,16 @@ Contract (ALGORITHMS.md §4):
   ids, through the matching rows of the target's lm_head (a 6x smaller matmul on the default model);
   verification is unchanged, so output stays lossless. Published EAGLE-1/2 heads have no `d2t` and
   draft over the full vocabulary.
-- Auto budget (`TreeConfig.auto`): `choose_size` keeps the prefix of the tree (by score) that
-  maximises expected tokens per millisecond. Costs are the target's verify-cost curve, measured once
-  at load at a short context, plus the median of the last OFFSET_WINDOW steps' residuals (observed
-  verify ms minus the curve at that step's tree size), so long prompts, whose every forward costs
-  more, are judged at their own cost; drafting costs the median of the last OFFSET_WINDOW drafts' ms.
-  Two unprofitable drafts in a row back off exponentially.
+- Auto budget (`TreeConfig.auto`): the tree is cut to the size that maximises expected tokens per
+  millisecond by the one cost model every drafter uses (respec/cost.py), with node probabilities
+  = the head's cumulative confidence x its calibration κ; a head that does not pay is switched off
+  and probed cheaply (see `Eagle2Drafter`).
 """
 from __future__ import annotations
 
-import collections
 import dataclasses
 import json
 import math
-import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +40,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRot
 from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
 
 from respec.config import TreeConfig
+from respec.cost import MIN_GAIN, CostModel, SizePlan, ancestor_closed_order, interpolate_cost
 from respec.drafters.base import Decision, DraftContext, Proposal, StepOutcome
 from respec.errors import ModelLoadError
 from respec.models.base import TargetModel
@@ -292,64 +289,31 @@ def capped_tree_config(cfg: TreeConfig, max_nodes: int) -> TreeConfig:
     return dataclasses.replace(cfg, total_tokens=max(1, max_nodes))
 
 
-def prune_tree(tree: DraftTree, size: int) -> DraftTree:
-    """Keep the root and the `size - 1` highest-scoring draft nodes (ties: earlier node first).
-    Scores never increase along a path, so the kept set is ancestor-closed; node order is kept."""
-    if size >= tree.size:
-        return tree
-    order = sorted(range(1, tree.size), key=lambda i: (-tree.scores[i], i))[:max(0, size - 1)]
-    keep = [0] + sorted(order)
-    index = {old: new for new, old in enumerate(keep)}
-    return DraftTree.from_parents([tree.tokens[i] for i in keep],
-                                  [-1] + [index[tree.parents[i]] for i in keep[1:]],
-                                  [tree.sources[i] for i in keep],
-                                  scores=[tree.scores[i] for i in keep],
-                                  draft_probs=None if tree.draft_probs is None else [tree.draft_probs[i] for i in keep])
-
-
-def interpolate_cost(curve: dict[int, float], n: int) -> float:
-    """Verify cost of n tree tokens from a measured curve {size: ms}, linear in between/beyond."""
-    xs = sorted(curve)
-    if n in curve:
-        return curve[n]
-    if n <= xs[0]:
-        return curve[xs[0]]
-    for a, b in zip(xs, xs[1:]):
-        if a < n < b:
-            return curve[a] + (curve[b] - curve[a]) * (n - a) / (b - a)
-    a, b = xs[-2:] if len(xs) > 1 else (xs[0], xs[0])
-    slope = (curve[b] - curve[a]) / (b - a) if b != a else 0.0
-    return curve[b] + slope * (n - b)
-
-
-OFFSET_WINDOW = 9  # recent steps whose medians (verify-time residual, draft ms) feed the auto budget
-MIN_GAIN = 0.02   # a bigger tree must beat the best smaller one by 2% (timing noise, overheads)
-
-
-def choose_size(tree: DraftTree, curve: dict[int, float], kappa: float, draft_ms: float = 0.0
-                ) -> tuple[int, float, float]:
-    """The tree size maximising expected committed tokens per millisecond.
-    Expected accepted tokens of a kept set = κ · Σ exp(cumulative log q) over its nodes (each node's
-    chance of being accepted, if the head is calibrated; κ corrects its calibration online).
-    Returns (size, expected tokens per step at that size, its rate relative to not drafting, with
-    this step's drafting time counted)."""
-    probs = sorted((math.exp(s) for s in tree.scores[1:]), reverse=True) if tree.scores else []
-    base = 1.0 / interpolate_cost(curve, 1)
-    best_n, best_rate, gain, best_gain = 1, base, 1.0, 1.0
-    for j, p in enumerate(probs):
-        gain += kappa * p
-        rate = gain / interpolate_cost(curve, j + 2)
-        if rate > best_rate * (1.0 + MIN_GAIN):
-            best_n, best_rate, best_gain = j + 2, rate, gain
-    worth = best_gain / (interpolate_cost(curve, best_n) + draft_ms) / base
-    return best_n, best_gain, worth
+def eagle_node_probs(tree: DraftTree, kappa: float) -> list[float]:
+    """Acceptance probability of each node (root first, 1): the head's cumulative probability
+    exp(score) times its calibration κ, capped at 1 (a monotone map, so children stay <= parents)."""
+    if not tree.scores:
+        return [1.0] + [0.0] * (tree.size - 1)
+    return [1.0] + [min(1.0, kappa * math.exp(s)) for s in tree.scores[1:]]
 
 
 # ---------------------------------------------------------------------------- the drafter
+PROBE_ROWS = 16    # catch-up rows whose head predictions are checked against the committed text
+MAX_SKIP = 64      # longest stretch of steps the head sits out before the next probe
+
+
 class Eagle2Drafter:
     """EAGLE-2 drafter with catch-up: hidden states of every committed position are queued and fed to
     the head (with the token that follows each) the next time it drafts, so its KV cache stays in
-    sync even after steps it did not draft (retrieval steps in SAM/ReSpec)."""
+    sync even after steps it did not draft (retrieval steps in SAM/ReSpec).
+
+    With a cost model (`tree.auto`), each tree is cut to the size that pays (respec/cost.py), node
+    probabilities being the head's cumulative confidence times its calibration κ (realised accepted
+    tokens / predicted, decayed). A head that does not earn its keep is switched off: after two
+    unprofitable drafts in a row it sits out 2^misses steps (at most MAX_SKIP), queueing features
+    at no cost; then a cheap probe (the catch-up alone, whose predictions over the queued positions
+    are checked against the committed tokens) decides whether even a one-token draft would pay
+    before any tree is grown. A request starts with such a probe, so a random head never drafts."""
 
     name = "eagle2"
     needs_hidden = True
@@ -363,17 +327,14 @@ class Eagle2Drafter:
         self._reset_auto()
 
     def _reset_auto(self) -> None:
-        # auto budget: calibration sums (decayed), miss streak and back-off for useless drafting
+        # calibration sums (decayed), miss streak, back-off and probe state for useless drafting
         self._pred_sum = self._real_sum = 0.0
         self._misses = 0
         self._skip = 0
+        self._probing = True
         self._last_pred: float | None = None
+        self._hits = self._rows = 0               # the last catch-up's top-1 check
         self.last_auto: dict | None = None
-        # verify ms observed minus the load-time curve's ms for the same tree size, last few steps:
-        # the curve is measured once at a short context, so this is what the request's longer
-        # context (and the engine's per-step work) adds to every step, drafted or not
-        self._residuals: collections.deque[float] = collections.deque(maxlen=OFFSET_WINDOW)
-        self._draft_times: collections.deque[float] = collections.deque(maxlen=OFFSET_WINDOW)  # ms
 
     @property
     def kappa(self) -> float:
@@ -392,18 +353,17 @@ class Eagle2Drafter:
     def observe(self, outcome: StepOutcome) -> None:
         if outcome.committed_hidden is not None:
             self._pending.append(outcome.committed_hidden)
-        if self.tree_cfg.auto and outcome.verify_ms is not None:
-            curve = self.target.verify_cost_curve(max_size=self.tree_cfg.total_tokens)
-            self._residuals.append(outcome.verify_ms - interpolate_cost(curve, outcome.proposal.tree.size))
         if self._last_pred is not None and outcome.proposal.source == "eagle":
             self._pred_sum = 0.9 * self._pred_sum + self._last_pred
             self._real_sum = 0.9 * self._real_sum + outcome.verdict.num_accepted
         self._last_pred = None
 
     @torch.inference_mode()
-    def catch_up(self, committed: Sequence[int], root: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def catch_up(self, committed: Sequence[int], root: int, check: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Feed pending pairs (f_t, x_{t+1}), the last one pairing with `root`. Returns the head's
-        prediction at the root position: f̂ [H] and log-probs [V]."""
+        prediction at the root position: f̂ [H] and log-probs [V]. With `check`, also counts how
+        many of the last PROBE_ROWS fed positions the head's top-1 predicts the committed token
+        that followed (`self._hits` of `self._rows`): its depth-1 acceptance, teacher-forced."""
         feats = torch.cat(self._pending, dim=0)                                    # [m, H]
         self._pending = []
         start = self.kv_len
@@ -415,26 +375,41 @@ class Eagle2Drafter:
         tok = torch.tensor(nxt, dtype=torch.long, device=dev)
         pos = torch.arange(start, start + m, device=dev)
         out = self.head(self.target.embed(tok), feats, pos, self.cache, None)      # [m, H]
-        f = out[-1]
-        logp = torch.log_softmax(self.head.draft_logits(self.target, f[None]).float(), dim=-1)[0]  # [V]
-        return f, logp
+        r = min(m - 1, PROBE_ROWS) if check else 0
+        logits = self.head.draft_logits(self.target, out[m - 1 - r:]).float()       # [r + 1, V]
+        if r > 0:
+            top = logits[:-1].argmax(dim=-1).cpu()                                  # [r]
+            if self.head.draft_vocab is not None:
+                top = self.head.draft_vocab.cpu()[top]
+            self._hits = int((top == torch.tensor(nxt[m - r:])).sum())
+            self._rows = r
+        else:
+            self._hits = self._rows = 0
+        logp = torch.log_softmax(logits[-1], dim=-1)                                # [V]
+        return out[-1], logp
 
     @torch.inference_mode()
-    def draft_tree(self, committed: Sequence[int], root: int, cfg: TreeConfig | None = None) -> DraftTree:
+    def draft_tree(self, committed: Sequence[int], root: int, cfg: TreeConfig | None = None,
+                   cost: CostModel | None = None) -> DraftTree:
+        """The EAGLE-2 tree after `root`; with `cost` (tree.auto), cut to the size that pays and
+        possibly root-only (the head switched off). `last_auto` then records the prediction."""
         cfg = cfg or self.tree_cfg
         self.last_auto = None
         if cfg.total_tokens <= 1:
             # No draft wanted: leave the pending pairs queued; a later draft catches up in one batch.
             return DraftTree.root_only(root)
-        if cfg.auto and self._skip > 0:
+        if cost is not None and self._skip > 0:
             self._skip -= 1
-            self.last_auto = {"kept": 1, "reason": f"auto: drafting did not pay recently; "
+            self.last_auto = {"kept": 1, "reason": f"auto: the head did not pay recently; "
                                                      f"next probe in {self._skip + 1} steps"}
             return DraftTree.root_only(root)
         t0 = time.perf_counter()
         if not self._pending and self.kv_len == 0:
             raise RuntimeError("EAGLE drafter used before reset")
-        f, logp = self.catch_up(committed, root)
+        f, logp = self.catch_up(committed, root, check=cost is not None and self._probing)
+        if cost is not None and self._probing and not self._probe_pays(cost, (time.perf_counter() - t0) * 1000):
+            return DraftTree.root_only(root)
+        self._probing = False
         stable = self.kv_len
         dev = self.target.device
         dtype = self.target.dtype
@@ -461,44 +436,54 @@ class Eagle2Drafter:
             added = self.kv_len - stable
             if added > 0:
                 self.cache.crop(-added)      # the draft tree's KV is scratch: keep the context only
-        if cfg.auto:
-            tree = self._auto_prune(tree, (time.perf_counter() - t0) * 1000)
+        if cost is not None:
+            tree = self._plan(tree, cost, (time.perf_counter() - t0) * 1000)
         return tree
 
-    @property
-    def context_offset_ms(self) -> float:
-        """Median of the recent verify-time residuals in ms (0 before any step): added to every
-        size of the load-time curve, it turns that curve into this request's context's costs."""
-        return float(statistics.median(self._residuals)) if self._residuals else 0.0
+    def _probe_pays(self, cost: CostModel, probe_ms: float = 0.0) -> bool:
+        """After a catch-up with `check`: would a one-token draft at the head's observed top-1 rate
+        (hits / (rows + 2): cautious, so a handful of rows cannot switch a head on by luck) beat a
+        plain step, with drafting costing at least what this probe did? If not, sit out longer."""
+        acc = self._hits / (self._rows + 2.0)
+        draft_ms = max(cost.draft_ms("eagle"), probe_ms)
+        curve = cost.curve()
+        plan = SizePlan(size=2, of=2, expected_tokens=1.0 + acc, cost_ms=interpolate_cost(curve, 2) + draft_ms,
+                        rate_vs_plain=(1.0 + acc) / (interpolate_cost(curve, 2) + draft_ms) * interpolate_cost(curve, 1))
+        if plan.rate_vs_plain >= 1.0 + MIN_GAIN:
+            return True
+        self._misses += 1
+        self._skip = min(MAX_SKIP, 2 ** self._misses)
+        self.last_auto = {**plan.to_dict(), "kept": 1, "probe_hits": self._hits, "probe_rows": self._rows,
+                          "reason": f"auto probe: the head's top-1 matched {self._hits} of the last "
+                                    f"{self._rows} tokens; a 1-token draft would run at "
+                                    f"{plan.rate_vs_plain:.2f}x a plain step → head off for {self._skip} steps"}
+        return False
 
-    def _auto_prune(self, tree: DraftTree, draft_ms: float) -> DraftTree:
-        measured = self.target.verify_cost_curve(max_size=self.tree_cfg.total_tokens)
-        offset = max(self.context_offset_ms, -0.5 * min(measured.values()))   # keep every cost > 0
-        curve = {n: c + offset for n, c in measured.items()}
-        # One slow draft (another process on the cores) must not start a back-off: the cost of
-        # drafting is the median of the last few drafts, this one included.
-        self._draft_times.append(draft_ms)
-        draft_ms = float(statistics.median(self._draft_times))
-        size, gain, worth = choose_size(tree, curve, self.kappa, draft_ms)
-        pruned = prune_tree(tree, size)
-        if worth < 1.0:
+    def _plan(self, tree: DraftTree, cost: CostModel, draft_ms: float) -> DraftTree:
+        probs = eagle_node_probs(tree, self.kappa)
+        order = ancestor_closed_order(tree.parents, probs)
+        plan = cost.plan("eagle", [probs[i] for i in order], draft_ms)
+        pruned = tree.subtree(order[:plan.size - 1])
+        if plan.rate_vs_plain < 1.0:
             self._misses += 1
             if self._misses >= 2:
-                self._skip = min(64, 2 ** self._misses)
+                self._skip = min(MAX_SKIP, 2 ** self._misses)
+                self._probing = True
         else:
             self._misses = 0
-        self._last_pred = sum(math.exp(s) for s in pruned.scores[1:]) if pruned.scores else 0.0
-        self.last_auto = {"kept": pruned.size, "of": tree.size, "expected_tokens": round(gain, 3),
-                          "kappa": round(self.kappa, 3), "rate_vs_no_draft": round(worth, 3),
-                          "context_offset_ms": round(offset, 2), "draft_ms": round(draft_ms, 2),
-                          "reason": f"auto: kept {pruned.size - 1} of {tree.size - 1} nodes, expected "
-                                    f"{gain:.2f} tokens/step at {worth:.2f}x the no-draft rate (κ={self.kappa:.2f})"}
+        self._last_pred = sum(probs[i] for i in order[:plan.size - 1])
+        self.last_auto = {**plan.to_dict(), "kappa": round(self.kappa, 3),
+                          "context_offset_ms": round(cost.context_offset_ms, 2),
+                          "reason": f"auto: kept {plan.size - 1} of {tree.size - 1} nodes, expected "
+                                    f"{plan.expected_tokens:.2f} tokens/step at {plan.rate_vs_plain:.2f}x "
+                                    f"a plain step (κ={self.kappa:.2f})"}
         return pruned
 
     def propose(self, ctx: DraftContext) -> Proposal:
-        tree = self.draft_tree(ctx.tokens, ctx.root, capped_tree_config(self.tree_cfg, ctx.max_nodes))
+        tree = self.draft_tree(ctx.tokens, ctx.root, capped_tree_config(self.tree_cfg, ctx.max_nodes), ctx.cost)
         source = "eagle" if tree.num_draft else "none"
         decision = None
         if self.last_auto is not None:
-            decision = Decision(source=source, reason=self.last_auto["reason"], extra=dict(self.last_auto))
+            decision = Decision(source=source, reason=self.last_auto["reason"],
+                                extra={"cost": dict(self.last_auto)})
         return Proposal(tree=tree, source=source, decision=decision)

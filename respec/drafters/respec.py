@@ -5,7 +5,9 @@ applies it for the relaxed methods.
 
 Contract: `propose` records every decision (trigger inputs and outcome, each candidate with its match
 length and score, whether the fallback fired and why) in the Proposal; `observe` returns the
-candidate records completed with tokens accepted and score after the EMA update. The inner EAGLE-2
+candidate records completed with tokens accepted and score after the EMA update. The trie keeps
+its most probable nodes (continuation rate x candidate scores, see `_trie`), as many as the cost
+model says pay (tree.auto) or the trie budget holds. The inner EAGLE-2
 drafter is kept in sync on every step (catch-up), whichever source drafted.
 
 Variants (the ablations of §1.8):
@@ -17,12 +19,14 @@ Letters: l (window), λ_e, θ_H, α, S0, θ_score, K, L_max, L_min as in ALGORIT
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
 from respec.config import CandidateConfig, EngineConfig, TriggerConfig
+from respec.cost import ContinuationEstimator, SizePlan, ancestor_closed_order, trie_node_probs
 from respec.drafters.base import Decision, DraftContext, Proposal, StepOutcome
 from respec.drafters.eagle2 import Eagle2Drafter, capped_tree_config
 from respec.retrieval import NgramPositionIndex, SuffixAutomaton
@@ -92,6 +96,8 @@ class ReSpecDrafter:
         self.scores: dict[int, float] = {}       # S_e, keyed by end position e in hist
         self.pred_of: dict[int, int] = {}        # e' -> e: e' continues e's copied span
         self._last: list[dict] | None = None     # candidate records of the last retrieval step
+        self._last_match: int | None = None      # its match length (for the continuation estimate)
+        self.continuation = ContinuationEstimator()
 
     def reset(self, prompt: Sequence[int], prompt_hidden: torch.Tensor | None) -> None:
         self._init_state()
@@ -150,7 +156,36 @@ class ReSpecDrafter:
                 return draft[:i + 1]
         return draft
 
+    def _trie(self, ctx: DraftContext, match: int, chosen: list[dict], t0: float
+              ) -> tuple[DraftTree, SizePlan | None, float]:
+        """Merge the chosen candidates' drafts into one trie and keep its most probable nodes: each
+        node's probability is the continuation rate for this match length, shared among siblings by
+        their candidates' scores (respec/cost.py `trie_node_probs`), so lower-ranked candidates
+        branch off wherever their first tokens are likelier than the best one's deep tokens. The
+        cost model (tree.auto) picks how many pay, up to the trie budget; without it the budget
+        is filled."""
+        cap = min(self.cand_cfg.tree_budget, ctx.max_nodes)
+        paths = []
+        for x in chosen:
+            x["draft"] = self._cut_at_stop(x["draft"])
+            paths.append(x["draft"])
+        scores = [x["score_before"] if x["score_before"] is not None else 1.0 for x in chosen]
+        full = DraftTree.trie(ctx.root, paths, budget=1 + sum(len(p) for p in paths), path_scores=scores)
+        rate = self.continuation.rate(match)
+        probs = trie_node_probs(full.parents, full.scores, rate)
+        order = ancestor_closed_order(full.parents, probs)
+        plan = None
+        size = min(cap, full.size)
+        if ctx.cost is not None:
+            plan = ctx.cost.plan("retrieval", [probs[i] for i in order], (time.perf_counter() - t0) * 1000,
+                                 max_size=cap)
+            size = plan.size
+        return full.subtree(order[:size - 1]), plan, rate
+
     def propose(self, ctx: DraftContext) -> Proposal:
+        t0 = time.perf_counter()
+        self._last_match = None
+        plan, rate = None, None
         match = self.sam.peek(ctx.root).length
         fired, dec = self._when(ctx, match)
         cands: list[dict] = []
@@ -163,13 +198,9 @@ class ReSpecDrafter:
             cands = self._candidates(ctx, match)
             chosen = [x for x in cands if "draft" in x]
             if chosen:
-                budget = min(self.cand_cfg.tree_budget, ctx.max_nodes)
-                paths = [self._cut_at_stop(x["draft"]) for x in chosen]
-                scores = [x["score_before"] if x["score_before"] is not None else 1.0 for x in chosen]
-                tree = DraftTree.trie(ctx.root, paths, budget=budget, path_scores=scores)
-                for x, p in zip(chosen, paths):
-                    x["draft"] = p
-                    x["proposed"] = _in_trie(tree, p)
+                tree, plan, rate = self._trie(ctx, match, chosen, t0)
+                for x in chosen:
+                    x["proposed"] = _in_trie(tree, x["draft"])
                 chosen = [x for x in chosen if x["proposed"] > 0]
                 if tree.num_draft == 0:
                     tree = None
@@ -179,21 +210,28 @@ class ReSpecDrafter:
                 why = (f"{dec.reason}; match {match} ≥ L_min; {len(cands)} positions, {n_q} with S ≥ "
                        f"θ_score={self.cand_cfg.theta_score:g}; best S {best:.2f} → retrieval trie of "
                        f"{tree.num_draft} tokens")
+            elif chosen or plan is not None:
+                why = (f"{dec.reason}; match {match}; {len(cands)} positions, {n_q} with S ≥ "
+                       f"θ_score={self.cand_cfg.theta_score:g}, but no retrieved draft pays "
+                       f"(continuation {rate:.2f}) → EAGLE-2 fallback")
             else:
                 why = (f"{dec.reason}; match {match}; {len(cands)} positions, none with S ≥ "
                        f"θ_score={self.cand_cfg.theta_score:g} → EAGLE-2 fallback")
         if tree is not None:
             self._last = [x for x in cands if x.get("proposed", 0) > 0]
+            self._last_match = match
+            cost = {} if plan is None else {"cost": {**plan.to_dict(), "continuation": round(rate, 3)}}
             decision = dataclasses.replace(dec, source="retrieval", reason=why,
-                                           extra={**dec.extra, "candidates_found": len(cands)})
+                                           extra={**dec.extra, "candidates_found": len(cands), **cost})
             return Proposal(tree=tree, source="retrieval", decision=decision, candidates=tuple(cands))
         self._last = None
-        tree = self.eagle.draft_tree(ctx.tokens, ctx.root, capped_tree_config(self.eagle.tree_cfg, ctx.max_nodes))
+        tree = self.eagle.draft_tree(ctx.tokens, ctx.root, capped_tree_config(self.eagle.tree_cfg, ctx.max_nodes),
+                                     ctx.cost)
         auto = self.eagle.last_auto
         decision = dataclasses.replace(dec, source="eagle" if tree.num_draft else "none",
                                        reason=why + (f" ({auto['reason']})" if auto else ""),
                                        extra={**dec.extra, "candidates_found": len(cands),
-                                              **({"eagle_auto": auto} if auto else {})})
+                                              **({"cost": auto} if auto else {})})
         return Proposal(tree=tree, source="eagle" if tree.num_draft else "none", decision=decision,
                         candidates=tuple(cands))
 
@@ -217,7 +255,10 @@ class ReSpecDrafter:
                 else:
                     x["score_after"] = None
             records = outcome.proposal.candidates
+            if self._last_match is not None:
+                self.continuation.update(self._last_match, outcome.proposal.tree.parents, outcome.verdict.path)
         self._last = None
+        self._last_match = None
         self.sam.extend(outcome.committed)
         self.index.extend(outcome.committed)
         self.eagle.observe(outcome)

@@ -3,17 +3,23 @@ tokens drafts a chain copied after the EARLIEST earlier occurrence of the longes
 when that match (including the root) is at least `len_threshold` tokens; otherwise the EAGLE-2 tree
 drafts. The static automaton of the SAM paper is not used (Spec-Bench disables it too).
 
+With a cost model (`tree.auto`) the chain is cut to the length that pays: node i's probability is
+c^i, c the continuation rate learned from this request's verified chains per match-length bucket
+(respec/cost.py `ContinuationEstimator`); when no length pays, the EAGLE-2 tree drafts instead.
+
 Contract: retrieved chains never continue past a stop token (the stop token itself may be drafted),
 and never exceed the step's node cap. The inner EAGLE-2 drafter is kept in sync on every step
 (catch-up), whichever source drafted.
 """
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 import torch
 
 from respec.config import SamConfig
+from respec.cost import ContinuationEstimator, trie_node_probs
 from respec.drafters.base import Decision, DraftContext, Proposal, StepOutcome
 from respec.drafters.eagle2 import Eagle2Drafter, capped_tree_config
 from respec.retrieval import SuffixAutomaton
@@ -29,18 +35,26 @@ class SamDrafter:
         self.cfg = cfg
         self.stop = frozenset(stop_token_ids)
         self.sam = SuffixAutomaton()
+        self.continuation = ContinuationEstimator()
+        self._last_match: int | None = None
 
     def reset(self, prompt: Sequence[int], prompt_hidden: torch.Tensor | None) -> None:
         self.sam = SuffixAutomaton()
+        self.continuation = ContinuationEstimator()
+        self._last_match = None
         self.sam.extend(prompt)
         self.eagle.reset(prompt, prompt_hidden)
 
     def propose(self, ctx: DraftContext) -> Proposal:
+        t0 = time.perf_counter()
+        self._last_match = None
         # 1. Longest suffix of committed + [root] seen earlier, and its earliest continuation.
         n = min(self.cfg.n_predicts, ctx.max_nodes - 1)
         cont = self.sam.earliest_continuation(ctx.root, n) if n > 0 else None
         match = self.sam.peek(ctx.root).length
-        # 2. Long enough -> retrieval chain; the EAGLE head still catches up (its KV must stay in sync).
+        note = ""
+        # 2. Long enough -> retrieval chain, cut by the cost model to the length that pays; the
+        #    EAGLE head still catches up later (its KV must stay in sync).
         if cont is not None and match >= self.cfg.len_threshold and cont.tokens:
             draft = list(cont.tokens)
             for i, t in enumerate(draft):
@@ -48,21 +62,40 @@ class SamDrafter:
                     draft = draft[:i + 1]
                     break
             tree = DraftTree.chain(ctx.root, draft, "retrieval")
-            decision = Decision(source="retrieval", match_len=match,
-                                reason=f"match {match} ≥ {self.cfg.len_threshold} → copy {len(draft)} "
-                                       f"tokens after position {cont.end}",
-                                extra={"copy_from": cont.end, "match_used": cont.match_length})
-            return Proposal(tree=tree, source="retrieval", decision=decision)
+            plan = None
+            if ctx.cost is not None:
+                rate = self.continuation.rate(match)
+                probs = trie_node_probs(tree.parents, [1.0] * tree.size, rate)
+                plan = ctx.cost.plan("retrieval", probs[1:], (time.perf_counter() - t0) * 1000)
+                tree = tree.subtree(range(1, plan.size))
+            if tree.num_draft:
+                self._last_match = match
+                extra = {"copy_from": cont.end, "match_used": cont.match_length}
+                if plan is not None:
+                    extra["cost"] = {**plan.to_dict(), "continuation": round(rate, 3)}
+                decision = Decision(source="retrieval", match_len=match,
+                                    reason=f"match {match} ≥ {self.cfg.len_threshold} → copy {tree.num_draft} "
+                                           f"tokens after position {cont.end}"
+                                           + (f" (cost model: {len(draft)} offered, expected "
+                                              f"{plan.expected_tokens:.2f} tokens at {plan.rate_vs_plain:.2f}x "
+                                              f"a plain step)" if plan is not None else ""),
+                                    extra=extra)
+                return Proposal(tree=tree, source="retrieval", decision=decision)
+            note = (f"match {match} ≥ {self.cfg.len_threshold}, but no copied length pays "
+                    f"(continuation {rate:.2f}) → EAGLE-2 tree")
         # 3. Otherwise the EAGLE-2 tree.
-        tree = self.eagle.draft_tree(ctx.tokens, ctx.root, capped_tree_config(self.eagle.tree_cfg, ctx.max_nodes))
+        tree = self.eagle.draft_tree(ctx.tokens, ctx.root, capped_tree_config(self.eagle.tree_cfg, ctx.max_nodes),
+                                     ctx.cost)
         auto = self.eagle.last_auto
+        reason = note or f"match {match} < {self.cfg.len_threshold} → EAGLE-2 tree"
         decision = Decision(source="eagle", match_len=match,
-                            reason=f"match {match} < {self.cfg.len_threshold} → EAGLE-2 tree"
-                                   + (f" ({auto['reason']})" if auto else ""),
-                            extra={"eagle_auto": auto} if auto else {})
+                            reason=reason + (f" ({auto['reason']})" if auto else ""),
+                            extra={"cost": auto} if auto else {})
         return Proposal(tree=tree, source="eagle" if tree.num_draft else "none", decision=decision)
 
     def observe(self, outcome: StepOutcome) -> None:
+        if outcome.proposal.source == "retrieval" and self._last_match is not None:
+            self.continuation.update(self._last_match, outcome.proposal.tree.parents, outcome.verdict.path)
+        self._last_match = None
         self.sam.extend(outcome.committed)
         self.eagle.observe(outcome)
-

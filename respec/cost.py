@@ -1,0 +1,199 @@
+"""One cost model for every drafter: how many draft nodes to verify this step, chosen to maximise
+expected committed tokens per millisecond.
+
+Contract (`TreeConfig.auto`, on by default on every device):
+- A drafter hands `plan_size` the acceptance probability of each of its draft nodes in an
+  *ancestor-closed order* (no node before its parent; probabilities never increase along a path),
+  already calibrated by the drafter's own estimator: EAGLE's head confidence x κ, a retrieval
+  continuation rate learned from match statistics (`ContinuationEstimator`), ReSpec's EMA scores.
+  Expected committed tokens of the first n - 1 nodes = 1 (the bonus/recovered token) + the sum of
+  their probabilities. The cost of a step of n nodes (root included) is the verify-cost curve at n
+  plus this step's drafting time. The plan keeps the n with the best tokens per millisecond, a
+  bigger n only when it beats every smaller one by MIN_GAIN, and reports that rate relative to a
+  plain decoding step (n = 1, no drafting): below 1, drafting does not pay.
+- `CostModel` holds one request's view of costs: the target's verify-cost curve (measured once at
+  load at a short context) shifted by the median of the last OFFSET_WINDOW steps' residuals
+  (observed verify ms minus the curve at that step's size), so a long prompt is judged at its own
+  cost, and the median of the last OFFSET_WINDOW drafting times per drafting source. The engine
+  builds one per request (nothing leaks between requests) and feeds it every step's verify time.
+- `ContinuationEstimator`: for retrieval drafts (SAM chains, ReSpec tries), the probability that
+  the target continues along a drafted child, per match-length bucket, learned online from every
+  verified retrieval step (Beta prior, exponentially decayed counts).
+Pure functions (`plan_size`, `interpolate_cost`, `trie_node_probs`) are unit-tested against
+synthetic curves and acceptances (tests/test_cost_model.py).
+"""
+from __future__ import annotations
+
+import collections
+import statistics
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+OFFSET_WINDOW = 9   # recent steps whose medians (verify-time residual, draft ms) feed the plan
+MIN_GAIN = 0.02     # a bigger draft must beat the best smaller one by 2% (timing noise, overheads)
+
+
+def cost_max_size(config) -> int:
+    """The largest draft (root included) any drafter of `config` (an EngineConfig) may verify."""
+    return max(config.tree.total_tokens, config.sam.n_predicts + 1, config.candidates.tree_budget)
+
+
+def interpolate_cost(curve: Mapping[int, float], n: int) -> float:
+    """Verify cost of n tree tokens from a measured curve {size: ms}, linear in between/beyond."""
+    xs = sorted(curve)
+    if n in curve:
+        return curve[n]
+    if n <= xs[0]:
+        return curve[xs[0]]
+    for a, b in zip(xs, xs[1:]):
+        if a < n < b:
+            return curve[a] + (curve[b] - curve[a]) * (n - a) / (b - a)
+    a, b = xs[-2:] if len(xs) > 1 else (xs[0], xs[0])
+    slope = (curve[b] - curve[a]) / (b - a) if b != a else 0.0
+    return curve[b] + slope * (n - b)
+
+
+@dataclass(frozen=True)
+class SizePlan:
+    """What the cost model predicts for one step's draft (recorded in the trace)."""
+    size: int                 # nodes to verify, root included (1 = no draft)
+    of: int                   # nodes the drafter offered, root included
+    expected_tokens: float    # committed tokens expected from the kept nodes (bonus included)
+    cost_ms: float            # verify cost at `size` + this step's drafting ms
+    rate_vs_plain: float      # expected tokens per ms / a plain step's (1 token per verify(1) ms)
+
+    @property
+    def pays(self) -> bool:
+        return self.size > 1 and self.rate_vs_plain >= 1.0
+
+    def to_dict(self) -> dict:
+        return {"kept": self.size, "of": self.of, "expected_tokens": round(self.expected_tokens, 3),
+                "cost_ms": round(self.cost_ms, 2), "rate_vs_plain": round(self.rate_vs_plain, 3)}
+
+
+def plan_size(probs: Sequence[float], curve: Mapping[int, float], draft_ms: float = 0.0,
+              max_size: int | None = None) -> SizePlan:
+    """Choose how many of `probs` (acceptance probability per draft node, ancestor-closed order) to
+    verify. Worked example: curve {1: 50, 2: 50, 4: 51}, probs [.9, .8, .7] -> 3 nodes kept, size 4,
+    3.4 tokens expected for 51 ms: 3.33x a plain step's 1 token per 50 ms."""
+    limit = len(probs) + 1 if max_size is None else max(1, min(max_size, len(probs) + 1))
+    plain = 1.0 / interpolate_cost(curve, 1)
+    best_n, best_rate, best_gain, gain = 1, plain, 1.0, 1.0
+    for j in range(limit - 1):
+        gain += max(0.0, min(1.0, float(probs[j])))
+        rate = gain / interpolate_cost(curve, j + 2)
+        if rate > best_rate * (1.0 + MIN_GAIN):
+            best_n, best_rate, best_gain = j + 2, rate, gain
+    cost = interpolate_cost(curve, best_n) + (draft_ms if best_n > 1 else 0.0)
+    return SizePlan(size=best_n, of=len(probs) + 1, expected_tokens=best_gain, cost_ms=cost,
+                    rate_vs_plain=(best_gain / cost) / plain)
+
+
+def ancestor_closed_order(parents: Sequence[int], probs: Sequence[float]) -> list[int]:
+    """Draft node indices (1..n-1) by decreasing probability, ties by index; with probabilities
+    that never increase along a path and parents before children, every prefix is a subtree."""
+    return sorted(range(1, len(parents)), key=lambda i: (-probs[i], i))
+
+
+def trie_node_probs(parents: Sequence[int], weights: Sequence[float], rate: float) -> list[float]:
+    """Acceptance probability of every node of a retrieval trie (root first, probability 1).
+    The target continues past a node into one of its drafted children with probability `rate`
+    (the continuation estimate); that mass is shared among the children in proportion to
+    `weights` (each child's best candidate score). A chain thus gets rate, rate², ...; siblings
+    are alternatives whose probabilities add up to their parent's times `rate`."""
+    n = len(parents)
+    probs = [1.0] + [0.0] * (n - 1)
+    children: list[list[int]] = [[] for _ in range(n)]
+    for i in range(1, n):
+        children[parents[i]].append(i)
+    for node in range(n):               # parents come before children
+        kids = children[node]
+        if not kids:
+            continue
+        total = sum(max(1e-9, weights[k]) for k in kids)
+        for k in kids:
+            probs[k] = probs[node] * rate * max(1e-9, weights[k]) / total
+    return probs
+
+
+@dataclass
+class ContinuationEstimator:
+    """P(the target continues along a drafted child | the path so far was accepted), per
+    match-length bucket, from verified retrieval steps. Each node on the accepted path that had
+    drafted children is one trial; it succeeds when the path went on into one of them."""
+    prior: float = 0.6
+    prior_weight: float = 4.0
+    decay: float = 0.98
+    buckets: tuple[int, ...] = (4, 8, 16)       # match lengths < 4, 4-7, 8-15, >= 16
+    _succ: dict[int, float] = field(default_factory=dict)
+    _trials: dict[int, float] = field(default_factory=dict)
+
+    def bucket(self, match_len: int) -> int:
+        return sum(1 for b in self.buckets if match_len >= b)
+
+    def rate(self, match_len: int) -> float:
+        b = self.bucket(match_len)
+        return ((self._succ.get(b, 0.0) + self.prior * self.prior_weight)
+                / (self._trials.get(b, 0.0) + self.prior_weight))
+
+    def update(self, match_len: int, parents: Sequence[int], accepted_path: Sequence[int]) -> None:
+        """accepted_path: node indices from the root (0) along the accepted draft."""
+        has_kids = set(parents[1:])
+        b = self.bucket(match_len)
+        succ = trials = 0
+        for i, node in enumerate(accepted_path):
+            if node not in has_kids:
+                break
+            trials += 1
+            if i + 1 < len(accepted_path):
+                succ += 1
+        self._succ[b] = self.decay * self._succ.get(b, 0.0) + succ
+        self._trials[b] = self.decay * self._trials.get(b, 0.0) + trials
+
+
+class CostModel:
+    """One request's costs: the verify-cost curve shifted to this request's context, and recent
+    drafting times per source. `curve_fn(max_size)` returns the target's load-time curve {n: ms}."""
+
+    def __init__(self, curve_fn: Callable[[int], Mapping[int, float]], max_size: int) -> None:
+        self._curve_fn = curve_fn
+        self.max_size = max(1, int(max_size))
+        self._residuals: collections.deque[float] = collections.deque(maxlen=OFFSET_WINDOW)
+        self._draft_ms: dict[str, collections.deque[float]] = {}
+
+    @property
+    def measured(self) -> dict[int, float]:
+        return dict(self._curve_fn(self.max_size))
+
+    @property
+    def context_offset_ms(self) -> float:
+        """Median recent residual (0 before any step), floored so every cost stays positive."""
+        if not self._residuals:
+            return 0.0
+        return max(float(statistics.median(self._residuals)), -0.5 * min(self.measured.values()))
+
+    def curve(self) -> dict[int, float]:
+        """This request's verify cost per tree size."""
+        off = self.context_offset_ms
+        return {n: c + off for n, c in self.measured.items()}
+
+    def draft_ms(self, source: str, now: float | None = None) -> float:
+        """Median of the recent drafting times of `source`, `now` included (one slow draft, e.g.
+        another process on the cores, must not make drafting look dear)."""
+        window = self._draft_ms.setdefault(source, collections.deque(maxlen=OFFSET_WINDOW))
+        if now is not None:
+            window.append(float(now))
+        return float(statistics.median(window)) if window else 0.0
+
+    def plan(self, source: str, probs: Sequence[float], draft_ms: float | None = None,
+             max_size: int | None = None) -> SizePlan:
+        """`plan_size` at this request's costs; `draft_ms` is this step's drafting time so far."""
+        cap = self.max_size if max_size is None else min(max_size, self.max_size)
+        return plan_size(probs, self.curve(), self.draft_ms(source, draft_ms), max_size=cap)
+
+    def plain_ms(self) -> float:
+        return interpolate_cost(self.curve(), 1)
+
+    def observe(self, size: int, verify_ms: float) -> None:
+        """A verified step of `size` nodes took `verify_ms` (forward + verification)."""
+        self._residuals.append(float(verify_ms) - interpolate_cost(self.measured, size))

@@ -1,0 +1,144 @@
+"""The one cost model every drafter uses (respec/cost.py): sizes chosen against synthetic verify-cost
+curves and acceptances, the request's cost correction, the retrieval continuation estimate, tries
+that branch by score, and a head that does not pay being switched off with cheap probes."""
+import math
+import random
+
+import pytest
+
+from respec.cost import (MIN_GAIN, OFFSET_WINDOW, ContinuationEstimator, CostModel, ancestor_closed_order,
+                         interpolate_cost, plan_size, trie_node_probs)
+from respec.tree import DraftTree
+from tests.conftest import make_target, run
+
+AMX = {1: 50.0, 2: 50.0, 4: 51.0, 8: 55.0, 16: 70.0, 32: 100.0}       # flat: 16 tokens ≈ 1.4 steps
+NO_AMX = {1: 50.0, 2: 56.0, 4: 62.0, 8: 75.0, 16: 100.0, 32: 150.0}   # steep: 16 tokens = 2 steps
+
+
+def test_worked_example_keeps_a_confident_chain_and_drops_hopeless_nodes():
+    plan = plan_size([.9, .8, .7, 1e-4, 1e-4], AMX)
+    assert plan.size == 4 and plan.of == 6
+    assert plan.expected_tokens == pytest.approx(3.4)
+    assert plan.rate_vs_plain == pytest.approx(3.4 / 51.0 * 50.0)
+    assert plan_size([1e-3, 1e-3], AMX).size == 1, "A useless draft must be dropped entirely."
+    none = plan_size([], AMX)
+    assert none.size == 1 and none.rate_vs_plain == pytest.approx(1.0) and not none.pays
+
+
+def test_the_same_acceptance_buys_a_shorter_draft_where_verification_is_dearer():
+    chain = [0.8 ** i for i in range(1, 16)]
+    flat, steep = plan_size(chain, AMX), plan_size(chain, NO_AMX)
+    assert steep.size < flat.size, (flat, steep)
+    assert flat.pays and steep.pays
+    # drafting time counts: a draft that costs two plain steps to make does not pay
+    assert plan_size([.9, .8, .7], AMX, draft_ms=120.0).rate_vs_plain < 1.0
+
+
+def test_plan_is_the_best_prefix_by_brute_force():
+    rng = random.Random(0)
+    for _ in range(200):
+        sizes = sorted(rng.sample(range(2, 64), 5))
+        curve, c = {1: 40.0 + rng.random() * 20}, None
+        for n in sizes:
+            c = curve[max(curve)] + rng.random() * 20
+            curve[n] = c
+        probs = sorted((rng.random() ** 2 for _ in range(rng.randrange(0, 40))), reverse=True)
+        plan = plan_size(probs, curve, draft_ms=rng.random() * 10)
+        rates = [(1 + sum(probs[:k])) / interpolate_cost(curve, k + 1) for k in range(len(probs) + 1)]
+        assert rates[plan.size - 1] * (1 + MIN_GAIN) >= max(rates) - 1e-12
+        assert plan.expected_tokens == pytest.approx(1 + sum(probs[:plan.size - 1]))
+        assert plan_size(probs, curve, max_size=3).size <= 3
+
+
+def test_cost_model_shifts_the_curve_to_the_request_and_takes_median_draft_times():
+    cm = CostModel(lambda n: dict(AMX), max_size=16)
+    assert cm.context_offset_ms == 0.0 and cm.plain_ms() == 50.0
+    for size, ms in [(1, 250.0), (16, 270.0), (4, 251.0), (1, 5000.0), (8, 255.0)]:
+        cm.observe(size, ms)
+    assert cm.context_offset_ms == pytest.approx(200.0), "median residual, robust to the outlier"
+    assert cm.curve()[16] == pytest.approx(270.0)
+    # at the long context the same chain pays more: verification there is relatively cheaper
+    assert cm.plan("retrieval", [.9, .8, .7]).rate_vs_plain > plan_size([.9, .8, .7], AMX).rate_vs_plain
+    for _ in range(OFFSET_WINDOW):
+        cm.observe(1, 0.0)
+    assert cm.context_offset_ms == pytest.approx(-25.0), "a faster context never lowers costs below half"
+    assert cm.draft_ms("eagle", 150.0) == 150.0
+    assert [cm.draft_ms("eagle", ms) for ms in (0.0, 0.0, 0.0, 0.0, 900.0)][-1] == 0.0
+    assert cm.draft_ms("retrieval") == 0.0, "sources keep separate drafting times"
+
+
+def test_trie_probabilities_chain_split_siblings_and_ancestor_closed_order():
+    chain = trie_node_probs([-1, 0, 1, 2], [1, 1, 1, 1], 0.5)
+    assert chain == pytest.approx([1, .5, .25, .125])
+    # root -> 1 -> 2 -> 3 (candidate score .6) ; root -> 4 -> 5 (candidate score .4)
+    tree = DraftTree.trie(9, [[1, 2, 3], [4, 5]], budget=10, path_scores=[0.6, 0.4])
+    probs = trie_node_probs(tree.parents, tree.scores, 0.7)
+    kids = [i for i in range(1, tree.size) if tree.parents[i] == 0]
+    assert sum(probs[k] for k in kids) == pytest.approx(0.7)
+    assert probs[kids[0]] == pytest.approx(0.7 * 0.6) and probs[kids[1]] == pytest.approx(0.7 * 0.4)
+    order = ancestor_closed_order(tree.parents, probs)
+    for k in range(len(order) + 1):
+        tree.subtree(order[:k])          # raises if a prefix is not ancestor-closed
+    # the second candidate's first token is likelier than the first candidate's third: it branches
+    assert order.index(kids[1]) < order.index(3)
+
+
+def test_subtree_refuses_a_node_without_its_parent():
+    tree = DraftTree.chain(1, [2, 3, 4], "retrieval")
+    assert tree.subtree([1, 2]).tokens == (1, 2, 3)
+    with pytest.raises(ValueError, match="ancestor-closed"):
+        tree.subtree([2])
+
+
+def test_continuation_estimator_counts_trials_along_the_accepted_path():
+    est = ContinuationEstimator(prior=0.6, prior_weight=4.0, decay=1.0)
+    parents = [-1, 0, 1, 2, 3]                              # a chain of 4 draft tokens
+    est.update(8, parents, [0, 1, 2])                       # 2 accepted, rejected at the third
+    assert est.rate(8) == pytest.approx((2 + 2.4) / (3 + 4))
+    est.update(8, parents, [0, 1, 2, 3, 4])                 # all 4 accepted: 4 trials, 4 successes
+    assert est.rate(8) == pytest.approx((6 + 2.4) / (7 + 4))
+    assert est.rate(2) == pytest.approx(0.6), "other match-length buckets keep their prior"
+    assert est.rate(9) == est.rate(8)
+
+
+def test_a_random_head_is_switched_off_at_its_first_probe_and_stays_lossless():
+    """A useless head costs a plain step: it never grows a tree, and probes (catch-up only) get
+    rarer and rarer."""
+    target = make_target("llama", seed=0)
+    prompt = [5, 17, 33, 9, 71, 4, 88, 12] * 3
+    ref = run(target, "vanilla", prompt, max_new_tokens=80)
+    out = run(target, "eagle2", prompt, max_new_tokens=80, **{"tree.auto": True, "tree.total_tokens": 16,
+                                                               "tree.depth": 3, "tree.top_k": 4})
+    assert out.tokens == ref.tokens
+    assert out.stats.steps_by_source.get("eagle", 0) == 0, "A head that accepts nothing must not draft."
+    probes = [s for s in out.steps if s.decision is not None and "auto probe" in s.decision.reason]
+    assert 1 <= len(probes) <= 7, len(probes)          # back-off 2, 4, 8, ... steps
+    cost = probes[0].decision.extra["cost"]
+    assert cost["rate_vs_plain"] < 1.0 and cost["probe_rows"] >= 1
+
+
+def test_a_head_that_predicts_well_passes_its_probe_and_drafts():
+    from respec.drafters.eagle2 import Eagle2Drafter, random_head
+    from respec.config import TreeConfig
+    target = make_target("llama", seed=0)
+    d = Eagle2Drafter(target, random_head(target), TreeConfig(total_tokens=8, depth=2, top_k=2, auto=True))
+    cm = CostModel(lambda n: dict(AMX), max_size=8)
+    d._hits, d._rows = 15, 16
+    assert d._probe_pays(cm), "15 of 16 right: a one-token draft pays"
+    d._hits, d._rows = 0, 16
+    assert not d._probe_pays(cm) and d._skip == 2 and d.last_auto["kept"] == 1
+
+
+def test_cost_model_drives_every_method_and_the_trace_records_prediction_and_outcome():
+    target = make_target("qwen2", seed=1)
+    prompt = [3, 4, 5, 6, 7, 8, 9, 10, 11, 12] * 4
+    ref = run(target, "vanilla", prompt, max_new_tokens=40)
+    for method in ("sam", "respec-strict", "eagle2"):
+        out = run(target, method, prompt, max_new_tokens=40,
+                  **{"tree.auto": True, "tree.total_tokens": 8, "sam.n_predicts": 15, "sam.len_threshold": 2,
+                     "candidates.tree_budget": 16, "candidates.min_match": 2, "trigger.theta_entropy": 20.0})
+        assert out.tokens == ref.tokens, method
+        costs = [s.decision.extra["cost"] for s in out.steps if s.decision and "cost" in s.decision.extra]
+        assert costs, f"{method}: every planned step records its prediction"
+        for c in costs:
+            assert c["kept"] >= 1 and "expected_tokens" not in c or c["expected_tokens"] >= 1.0
