@@ -457,7 +457,10 @@ def decision_md(step: StepTrace) -> str:
         facts.append(f"H̄ = {d.mean_entropy:.3f}")
     if d.window:
         facts.append("window [" + ", ".join(f"{x:.2f}" for x in d.window) + "]")
+    cost_line = cost_md(step)
     for k, v in (d.extra or {}).items():
+        if k == "cost" and cost_line:
+            continue
         if isinstance(v, (list, tuple)):
             v = "[" + ", ".join(f"{x:.2f}" if isinstance(x, float) else str(x) for x in v) + "]"
         elif isinstance(v, Mapping):
@@ -466,7 +469,23 @@ def decision_md(step: StepTrace) -> str:
         elif isinstance(v, float):
             v = _round(v)
         facts.append(f"{k} {v}")
-    return parts[0] + "  \n" + " · ".join(facts)
+    return parts[0] + "  \n" + " · ".join(facts) + (f"  \n{cost_line}" if cost_line else "")
+
+
+def cost_md(step: StepTrace) -> str:
+    """The cost model's prediction for this step next to what happened (respec/cost.py): why a
+    draft was cut, or why the step did not draft at all. Empty when the step had no plan."""
+    c = (step.decision.extra or {}).get("cost") if step.decision is not None else None
+    if not isinstance(c, Mapping) or "kept" not in c:
+        return ""
+    got = (f"**outcome** {len(step.new_tokens)} token(s) in {step.draft_ms + step.verify_ms:.1f} ms "
+           f"(draft {step.draft_ms:.1f} + verify {step.verify_ms:.1f})")
+    if "expected_tokens" not in c:
+        return f"**Cost model:** no draft this step ({html.escape(str(c.get('reason', '')))}) · {got}"
+    offered = f" of {int(c['of']) - 1}" if "of" in c else ""
+    return (f"**Cost model:** kept {int(c['kept']) - 1}{offered} draft node(s); **predicted** "
+            f"{float(c['expected_tokens']):.2f} token(s) for {float(c.get('cost_ms', 0.0)):.1f} ms "
+            f"({float(c.get('rate_vs_plain', 1.0)):.2f}x a plain step) · {got}")
 
 
 def narrate(result: GenerationResult, index: int, decoder) -> str:
