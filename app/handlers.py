@@ -589,8 +589,8 @@ def compare_api(hub: ModelHub, caps: Caps, prompt: str, settings_json: str = "{}
     first = next((i for i, (x, y) in enumerate(zip(a.tokens, b.tokens)) if x != y),
                  None if a.tokens == b.tokens else min(len(a.tokens), len(b.tokens)))
     metrics["comparison"] = {"identical": a.tokens == b.tokens, "first_difference": first,
-                             "respec_column_method": a.config.method, "note": fallback_note()}
-    metrics["model"] = {"spec": hub._runner_spec or hub.spec, "eagle_head": getattr(runner, "head_info", None)}
+                             "respec_column_method": a.config.method, "note": fallback_note(),
+                             "model": hub._runner_spec or hub.spec, "eagle_head": getattr(runner, "head_info", None)}
     if vanilla is not None:
         metrics["comparison"]["equal_to_vanilla"] = {k: r.tokens == vanilla.tokens for k, r in results.items()}
     return a.text, b.text, result_to_json(a), result_to_json(b), json.dumps(metrics, allow_nan=False, default=_json_default)
