@@ -492,7 +492,7 @@ def _compare_stream(hub: ModelHub, caps: Caps, prompt: str, values: Mapping[str,
     # 2. The model (first use loads it: a few seconds).
     if not hub.loaded:
         yield {"status": "… loading the model and measuring its verify cost (first run only)"}
-    elif hub.per_call_workers:
+    elif hub.per_call_workers and any(c.tree.auto and c.method != "vanilla" for c in configs.values()):
         yield {"status": "… measuring the verify cost on this GPU (ZeroGPU keeps nothing between calls: "
                          "about 30 forwards, every run)"}
     try:
