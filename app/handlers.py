@@ -6,6 +6,15 @@ so they can be called directly in tests. Every `RespecError` (bad settings, empt
 prompt, model not loadable, malformed trace) becomes a warning toast plus a message in the status
 line; nothing escapes as a traceback and the app keeps serving. The model is shared by all sessions
 (`ModelHub`, loaded lazily once behind a lock); everything per user lives in the SessionState.
+Models are offered as "MODEL" or "MODEL=HEAD" (RESPEC_MODELS entries, respec.runner.ModelChoice):
+the picker shows each model's EAGLE head, and the /compare metrics name the head that ran.
+
+ZeroGPU: `ModelHub.preload()` loads the model at start-up in the main process; a failure leaves the
+app in replay mode (banner) instead of crashing the Space. Every GPU call runs in a fresh worker, so
+what a call computes is lost at its end: `no_relax_ids` (a pure tokenizer scan) is computed at
+start-up and inherited; the verify-cost curve needs the GPU and is re-measured in each call (about
+30 target forwards; the status says so); only the start-up model is offered (another would be
+reloaded in every call).
 
 Timing: a run's `wall_time_s` is the time spent inside the engine (prefill + steps); the time the
 page spends rendering between steps is excluded, so tokens/s are comparable between methods.
@@ -32,6 +41,7 @@ from app.settings import Caps, build_config, method_label, parse_settings_json, 
 from app.state import RUN_KEYS, Run, SessionState, run_key_for
 from app.text import EMPTY_HINT, STOPPED
 from respec.errors import ConfigError, ModelLoadError, PromptError, RespecError, TraceFormatError
+from respec.runner import ModelChoice, parse_model_choices
 from respec.trace import GenerationResult, result_from_json, result_to_json, validate_result
 
 log = logging.getLogger("respec.app")
@@ -51,8 +61,10 @@ KNOWN_MODEL_GB = {"default": 0.3}
 def model_fits(spec: str) -> bool:
     """Whether a model can be held here: its estimated bf16 size (known table; a local directory's
     weight files; a .gguf x 3 for dequantisation) within 80% of the free memory of the device it
-    would run on. Hub ids of unknown size are kept (their size cannot be known offline)."""
+    would run on. Hub ids of unknown size are kept (their size cannot be known offline). A
+    "MODEL=HEAD" spec is sized by its model."""
     from pathlib import Path
+    spec = ModelChoice.parse(spec).model
     p = Path(spec)
     if spec in KNOWN_MODEL_GB:
         gb = KNOWN_MODEL_GB[spec]
@@ -90,9 +102,9 @@ class ModelHub:
 
     def __init__(self, spec: str | None = None, factory: Callable[[str], Any] | None = None,
                  choices: Sequence[str] | None = None) -> None:
-        env_models = [m.strip() for m in os.environ.get("RESPEC_MODELS", "").split(",") if m.strip()]
+        env_models = [str(c) for c in parse_model_choices(os.environ.get("RESPEC_MODELS", ""))]
         self.choices = [m for m in (choices or env_models or ["default"]) if model_fits(m)] or ["default"]
-        self.spec = spec or os.environ.get("RESPEC_MODEL", self.choices[0])
+        self.spec = str(ModelChoice.parse(spec or os.environ.get("RESPEC_MODEL") or self.choices[0]))
         if self.spec not in self.choices:
             self.choices.insert(0, self.spec)
         self._factory = factory or _default_factory
@@ -102,6 +114,22 @@ class ModelHub:
         self._step_lock = threading.Lock()
         self._owner = 0
         self.load_error: str | None = None     # why the last load failed (shared: it is the model's state)
+        self.per_call_workers = False          # ZeroGPU: each GPU call is a fresh worker (preload sets it)
+
+    def preload(self, per_call_workers: bool = True) -> bool:
+        """Load the start-up model now, in this (main) process, and whatever a GPU-call worker would
+        otherwise recompute on every call (`no_relax_ids`); offer only this model (ZeroGPU). A load
+        failure is recorded for the banner (replay mode), never raised. Returns whether it loaded."""
+        self.per_call_workers = per_call_workers
+        self.choices = [self.spec]
+        try:
+            runner = self.runner()
+        except RespecError:
+            return False                        # load_error is set: the page opens in replay mode
+        no_relax = getattr(type(runner), "no_relax_ids", None)
+        if isinstance(no_relax, functools.cached_property):
+            runner.no_relax_ids                 # noqa: B018 - cached on the runner, inherited by workers
+        return True
 
     def begin_run(self) -> int:
         """Start a run: it owns the target from now on (older runs stop at their next step)."""
@@ -178,9 +206,18 @@ def _load_failure(spec: str, exc: BaseException) -> str:
 
 
 def _default_factory(spec: str):
+    """"MODEL" or "MODEL=HEAD" -> a Runner (the head: a directory or a Hub id; none = the Runner's default)."""
     from respec.models import load_target
     from respec.runner import Runner
-    return Runner(load_target(spec))   # Runner.engine measures tree.auto's cost curve outside run timing
+    choice = ModelChoice.parse(spec)
+    # Runner.engine measures tree.auto's cost curve outside run timing
+    return Runner(load_target(choice.model), head=choice.head)
+
+
+def choice_label(spec: str) -> str:
+    """The model picker's label for a choice: the model and the EAGLE head it runs with."""
+    choice = ModelChoice.parse(spec)
+    return f"{choice.model} · {choice.head_label()}"
 
 
 # ------------------------------------------------------------------------------- one run, streamed
@@ -455,6 +492,9 @@ def _compare_stream(hub: ModelHub, caps: Caps, prompt: str, values: Mapping[str,
     # 2. The model (first use loads it: a few seconds).
     if not hub.loaded:
         yield {"status": "… loading the model and measuring its verify cost (first run only)"}
+    elif hub.per_call_workers and any(c.tree.auto and c.method != "vanilla" for c in configs.values()):
+        yield {"status": "… measuring the verify cost on this GPU (ZeroGPU keeps nothing between calls: "
+                         "about 30 forwards, every run)"}
     try:
         runner = hub.runner(model)
     except RespecError as exc:
@@ -549,7 +589,8 @@ def compare_api(hub: ModelHub, caps: Caps, prompt: str, settings_json: str = "{}
     first = next((i for i, (x, y) in enumerate(zip(a.tokens, b.tokens)) if x != y),
                  None if a.tokens == b.tokens else min(len(a.tokens), len(b.tokens)))
     metrics["comparison"] = {"identical": a.tokens == b.tokens, "first_difference": first,
-                             "respec_column_method": a.config.method, "note": fallback_note()}
+                             "respec_column_method": a.config.method, "note": fallback_note(),
+                             "model": hub._runner_spec or hub.spec, "eagle_head": getattr(runner, "head_info", None)}
     if vanilla is not None:
         metrics["comparison"]["equal_to_vanilla"] = {k: r.tokens == vanilla.tokens for k, r in results.items()}
     return a.text, b.text, result_to_json(a), result_to_json(b), json.dumps(metrics, allow_nan=False, default=_json_default)

@@ -124,7 +124,7 @@ def build_demo(hub: ModelHub | None = None, caps: Caps | None = None) -> gr.Bloc
     caps = caps or Caps.from_env()
     device = hub.device()
     if ZERO_GPU:                      # ZeroGPU wants models loaded at start-up (UX.md §5.3)
-        hub.runner()
+        hub.preload()                 # a failure opens replay mode (banner), never crashes the Space
     start = preset_values("device defaults", device, caps)
     comps: dict[str, Any] = {}
 
@@ -149,9 +149,9 @@ def build_demo(hub: ModelHub | None = None, caps: Caps | None = None) -> gr.Bloc
                     with gr.Column(scale=1, min_width=160):
                         run_btn = gr.Button("▶ Run", variant="primary", elem_id="run")
                         stop_btn = gr.Button("■ Stop", variant="stop", elem_id="stop")
-                        model = gr.Dropdown(hub.choices, value=hub.spec, label="model", elem_id="model",
-                                            interactive=len(hub.choices) > 1,
-                                            info="models this machine can hold")
+                        model = gr.Dropdown([(handlers.choice_label(c), c) for c in hub.choices], value=hub.spec,
+                                            label="model", elem_id="model", interactive=len(hub.choices) > 1,
+                                            info="models this machine can hold, each with its EAGLE head")
                 with gr.Row():
                     include_vanilla = gr.Checkbox(False, label="also run vanilla (measured speedup)",
                                                   elem_id="include-vanilla")

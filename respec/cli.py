@@ -39,9 +39,23 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def cmd_generate(args) -> int:
+def _runner(args):
+    """The Runner for --model (MODEL or MODEL=HEAD) and --head (a directory or a Hub id; it wins over a
+    head given in --model). The head is resolved first, so a bad or unreachable one fails before the
+    model loads."""
+    from respec.drafters.eagle2 import resolve_head_dir
     from respec.models import load_target
-    from respec.runner import Runner, parse_methods
+    from respec.runner import ModelChoice, Runner
+
+    choice = ModelChoice.parse(args.model)
+    head = args.head or choice.head
+    if head:
+        resolve_head_dir(head)
+    return Runner(load_target(choice.model, device=args.device, dtype=args.dtype), head=head)
+
+
+def cmd_generate(args) -> int:
+    from respec.runner import parse_methods
     from respec.trace import result_to_json
 
     from respec.models.loading import prompt_messages
@@ -49,7 +63,7 @@ def cmd_generate(args) -> int:
     prompt_messages(args.prompt)                      # prompt, method and settings fail before the model loads
     parse_methods(args.method)
     overrides = _overrides(args)
-    runner = Runner(load_target(args.model, device=args.device, dtype=args.dtype), head=args.head)
+    runner = _runner(args)
     config = runner.config(overrides)
     result = runner.generate(args.prompt, config, chat=not args.no_chat)
     st = result.stats
@@ -74,13 +88,11 @@ def _questions(args):
 
 def cmd_bench(args) -> int:
     from respec.bench import parse_bench_methods, run_bench, speedup_matrix_markdown, summary_table_markdown
-    from respec.models import load_target
-    from respec.runner import Runner
 
     methods = parse_bench_methods(args.methods)
     overrides = _overrides(args)
     questions = _questions(args)
-    runner = Runner(load_target(args.model, device=args.device, dtype=args.dtype), head=args.head)
+    runner = _runner(args)
     config = runner.config(overrides)
     print(f"{len(questions)} questions x {len(set(methods) | {'vanilla'})} methods; "
           f"model {args.model} on {runner.target.device} ({runner.target.dtype}); EAGLE head: {runner.head_info}",
@@ -93,8 +105,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from respec.models import load_target
-    from respec.runner import Runner, parse_methods
+    from respec.runner import parse_methods
     from respec.config import EngineConfig
     from respec.sweep import best_point, parse_grid, quality_metric, run_sweep, sweep_markdown
 
@@ -102,7 +113,7 @@ def cmd_sweep(args) -> int:
     overrides = _overrides(args)
     grid = parse_grid(args.grid, EngineConfig().with_overrides(overrides))   # 1. everything checked first
     questions = _questions(args)
-    runner = Runner(load_target(args.model, device=args.device, dtype=args.dtype), head=args.head)
+    runner = _runner(args)
     base = runner.config(overrides)
     grid = parse_grid(args.grid, base)
     quality = quality_metric(method, base)
@@ -180,10 +191,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     def common(sp, method_flag: bool):
-        sp.add_argument("--model", default="default", help='"default" | HF id | local dir | .gguf path')
+        sp.add_argument("--model", default="default",
+                        help='"default" | HF id | local dir | .gguf path, optionally =HEAD (a model-head pair)')
         sp.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
         sp.add_argument("--dtype", default="auto", help="auto | bfloat16 | float16 | float32")
-        sp.add_argument("--head", default=None, help="EAGLE head checkpoint directory")
+        sp.add_argument("--head", default=None,
+                        help="EAGLE-1/2 head: a checkpoint directory or a Hugging Face Hub id (fetched where the "
+                             "Hub is reachable)")
         sp.add_argument("--max-new-tokens", type=int, default=128)
         sp.add_argument("--set", action="append", metavar="KEY=VALUE",
                         help="override a setting, e.g. tree.total_tokens=12 (repeatable)")

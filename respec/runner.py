@@ -3,14 +3,18 @@ a loaded target, choose its EAGLE head, and run a text prompt to a GenerationRes
 
 Contract: `Runner(target, head_spec)` owns one target and one EAGLE head and builds a fresh drafter
 per request (drafter state never leaks between requests; the target's KV cache is reset by every
-prefill). The EAGLE head is: an explicit checkpoint directory if given, else the shipped head for
-the default model in assets/ if present, else a seeded random head (lossless, accepts little),
-and `head_info` says which.
+prefill). The EAGLE head is: an explicit checkpoint (a directory, or a Hugging Face Hub id fetched
+where the Hub is reachable) if given, else the shipped head for the default model in assets/ if
+present, else a seeded random head (lossless, accepts little), and `head_info` says which.
+
+Model-head pairs: `ModelChoice.parse("MODEL=HEAD")` (each side a Hub id or a local path; "=HEAD"
+optional) is how RESPEC_MODELS entries and the app's model picker name a target with its head.
 """
 from __future__ import annotations
 
 import functools
 import platform
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -26,6 +30,43 @@ ASSETS = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_HEAD_DIR = ASSETS / "eagle" / "smollm2-135m-instruct"
 
 
+@dataclass(frozen=True)
+class ModelChoice:
+    """A target model and, optionally, its EAGLE head: "MODEL" or "MODEL=HEAD", each side a Hub id
+    or a local path (MODEL may also be "default" or a .gguf). Without a head the Runner's default
+    applies (the shipped head for "default", else a random one)."""
+    model: str
+    head: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> "ModelChoice":
+        """"m" or "m=h" -> ModelChoice (whitespace stripped); ConfigError for an empty side. The first
+        "=" splits (Hub ids never contain one)."""
+        model, sep, head = str(text).strip().partition("=")
+        model, head = model.strip(), head.strip()
+        if not model or (sep and not head):
+            raise ConfigError(f"model entry {text!r} is not MODEL or MODEL=HEAD (e.g. "
+                              "'lmsys/vicuna-7b-v1.3=yuhuili/EAGLE-Vicuna-7B-v1.3')")
+        return cls(model, head or None)
+
+    def __str__(self) -> str:
+        return self.model if self.head is None else f"{self.model}={self.head}"
+
+    def head_label(self) -> str:
+        """Which EAGLE head a Runner will use for this choice, in words (before loading anything)."""
+        if self.head:
+            return f"EAGLE head {self.head}"
+        if self.model == "default" and (DEFAULT_HEAD_DIR / "config.json").is_file():
+            return "shipped EAGLE head"
+        return "random EAGLE head (none given)"
+
+
+def parse_model_choices(text: str) -> list[ModelChoice]:
+    """"a, b=h, c" (RESPEC_MODELS) -> ModelChoices in order, duplicates dropped; ConfigError if malformed."""
+    items = [ModelChoice.parse(t) for t in str(text).split(",") if t.strip()]
+    return list(dict.fromkeys(items))
+
+
 class Runner:
     def __init__(self, target, head: str | None = None) -> None:
         from respec.drafters.eagle2 import load_eagle_head, random_head
@@ -34,7 +75,7 @@ class Runner:
         self.tokenizer = getattr(target, "tokenizer", None)
         spec = getattr(getattr(target, "loaded", None), "spec", "")
         if head:
-            self.head = load_eagle_head(head, target)
+            self.head = load_eagle_head(head, target)       # a directory, or a Hub id (resolve_head_dir)
             self.head_info = f"checkpoint {head}"
         elif spec == "default" and (DEFAULT_HEAD_DIR / "config.json").is_file():
             self.head = load_eagle_head(DEFAULT_HEAD_DIR, target)

@@ -12,7 +12,13 @@ Contract (ALGORITHMS.md §4):
   depth D, global re-rank to total_tokens), testable with a fake `step_fn`.
 - Checkpoints: a directory with `config.json` and `pytorch_model.bin` or `model.safetensors`, keys as
   published (`fc.weight`, `fc.bias`, `layers.0.self_attn.q_proj.weight`, ...; `embed_tokens.weight`
-  is accepted and ignored). qkv bias and fc bias are inferred from the keys.
+  is accepted and ignored). qkv bias and fc bias are inferred from the keys. `load_eagle_head` also
+  takes a Hugging Face Hub id (downloaded with huggingface_hub where the Hub is reachable; one
+  ModelLoadError where it is not). EAGLE-3 checkpoints (fused low/mid/high-layer features through
+  a 3 x hidden `fc`, a `midlayer`, their own lm_head) are recognised and refused with one
+  ModelLoadError; any other shape mismatch is a ModelLoadError too, never a raw RuntimeError.
+- Several GPUs: the head sits on the target's embedding device; the target's features arrive on
+  its final norm's device and are moved to the head's in `catch_up` (and `step_fn`).
 - Optional reduced draft vocabulary (EAGLE-3's convention): a `d2t` tensor in the weights maps draft
   index i to target id i + d2t[i] (`t2d` is accepted and ignored). Such a head drafts only those
   ids, through the matching rows of the target's lm_head (a 6x smaller matmul on the default model);
@@ -44,6 +50,7 @@ from respec.cost import MIN_GAIN, CostModel, SizePlan, ancestor_closed_order, in
 from respec.drafters.base import Decision, DraftContext, Proposal, StepOutcome
 from respec.errors import ModelLoadError
 from respec.models.base import TargetModel
+from respec.models.compat import pass_cache_as
 from respec.models.kv import slab_cache
 from respec.tree import DraftTree
 
@@ -87,6 +94,7 @@ def _to_target(head: "EagleHead", target: TargetModel, dtype: torch.dtype | None
     positions)."""
     head = head.to(device=target.device, dtype=dtype or target.dtype)
     head.rotary = LlamaRotaryEmbedding(head.config).to(target.device)
+    pass_cache_as(head.layers[0])     # the head passes cache=; older transformers name it past_key_values
     return head.eval()
 
 
@@ -155,11 +163,52 @@ def random_head(target: TargetModel, *, seed: int = 0, qkv_bias: bool = False) -
     return _to_target(head, target)
 
 
+HEAD_FILES = ("config.json", "model.safetensors", "pytorch_model.bin")
+
+
+def resolve_head_dir(spec: str | Path) -> Path:
+    """An EAGLE head spec -> a local checkpoint directory: an existing directory as is; otherwise a
+    Hugging Face Hub id, fetched (config + weights only) with huggingface_hub into its cache.
+    Raises ModelLoadError when it is neither, or the Hub cannot provide it (e.g. offline)."""
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return path
+    text = str(spec).strip()
+    from respec.models.loading import _HUB_ID
+    if text.startswith((".", "/", "~")) or path.suffix in (".bin", ".safetensors", ".json") or not _HUB_ID.match(text):
+        raise ModelLoadError(f"EAGLE head {text!r} not found: {path.resolve()} is not a directory, and it is not "
+                             "a Hugging Face Hub id either. Pass a checkpoint directory (config.json + weights) or a "
+                             "Hub id such as yuhuili/EAGLE-Vicuna-7B-v1.3.")
+    try:
+        from huggingface_hub import snapshot_download
+        return Path(snapshot_download(repo_id=text, allow_patterns=list(HEAD_FILES)))
+    except Exception as exc:  # noqa: BLE001 - offline, unknown repo, gated, rate limited: one message
+        reason = " ".join(str(exc).split())[:300]
+        raise ModelLoadError(
+            f"EAGLE head {text!r}: no local directory of that name, and the Hugging Face Hub could not provide it "
+            f"({type(exc).__name__}: {reason}). Where the Hub is unreachable, download the head elsewhere and "
+            "pass its directory.") from None
+
+
+def _eagle3_reason(raw: dict, state: dict, hidden: int) -> str | None:
+    """Why this checkpoint is an EAGLE-3 head (None if it is not): EAGLE-3 fuses three target
+    layers' features (fc: 3H -> H), names its layer `midlayer` and brings its own lm_head."""
+    if any(k.startswith("midlayer.") for k in state):
+        return "its decoder layer is named `midlayer`"
+    if any("eagle3" in str(a).lower() for a in raw.get("architectures") or []):
+        return f"its config names the architecture {raw['architectures'][0]}"
+    fc = state.get("fc.weight")
+    if fc is not None and fc.ndim == 2 and fc.shape[1] == 3 * hidden:
+        return f"its fc takes {fc.shape[1]} = 3 x {hidden} inputs (fused low/mid/high-layer features)"
+    return None
+
+
 def load_eagle_head(path: str | Path, target: TargetModel, dtype: torch.dtype | None = None) -> EagleHead:
-    """Load a published-format EAGLE checkpoint directory (config.json + pytorch_model.bin or
-    model.safetensors) and cast it to the target's device and dtype (`dtype`, e.g. float32 for
-    fine-tuning, overrides the latter)."""
-    path = Path(path)
+    """Load a published-format EAGLE-1/2 checkpoint (a directory with config.json + pytorch_model.bin
+    or model.safetensors, or a Hub id: see resolve_head_dir) and cast it to the target's device and
+    dtype (`dtype`, e.g. float32 for fine-tuning, overrides the latter). EAGLE-3 heads and
+    checkpoints of another shape raise ModelLoadError."""
+    path = resolve_head_dir(path)
     cfg_file = path / "config.json"
     tried = [str(path / n) for n in ("pytorch_model.bin", "model.safetensors")]
     if not cfg_file.is_file():
@@ -177,6 +226,11 @@ def load_eagle_head(path: str | Path, target: TargetModel, dtype: torch.dtype | 
         raise
     except Exception as exc:  # torch.load / safetensors raise many types on corrupt files
         raise ModelLoadError(f"EAGLE head at {path} could not be read: {type(exc).__name__}: {exc}") from None
+    eagle3 = _eagle3_reason(raw, state, int(raw.get("hidden_size") or target.hidden_size))
+    if eagle3:
+        raise ModelLoadError(f"EAGLE head at {path} is an EAGLE-3 head ({eagle3}), which this engine does not "
+                             "run: pass an EAGLE-1/2 head (one decoder layer over fc(cat[embedding, feature])) or "
+                             "train one with `python -m respec train-eagle`.")
     cfg = LlamaConfig(**{k: v for k, v in raw.items() if k in _HEAD_KEYS})
     if cfg.hidden_size != target.hidden_size:
         raise ModelLoadError(f"EAGLE head at {path} has hidden size {cfg.hidden_size}, "
@@ -185,7 +239,11 @@ def load_eagle_head(path: str | Path, target: TargetModel, dtype: torch.dtype | 
     d2t = state.pop("d2t", None)
     head = EagleHead(cfg, qkv_bias="layers.0.self_attn.q_proj.bias" in state,
                      fc_bias="fc.bias" in state)
-    missing, unexpected = head.load_state_dict(state, strict=False)
+    try:
+        missing, unexpected = head.load_state_dict(state, strict=False)
+    except RuntimeError as exc:   # size mismatches: name the first one, not torch's whole report
+        detail = next((line.strip() for line in str(exc).splitlines() if "size mismatch" in line), str(exc)[:300])
+        raise ModelLoadError(f"EAGLE head at {path} does not match its config.json: {detail}") from None
     missing = [k for k in missing if not k.startswith("rotary")]
     if missing or unexpected:
         raise ModelLoadError(f"EAGLE head at {path}: missing keys {missing}, unexpected keys {unexpected}")
@@ -364,7 +422,10 @@ class Eagle2Drafter:
         prediction at the root position: f̂ [H] and log-probs [V]. With `check`, also counts how
         many of the last PROBE_ROWS fed positions the head's top-1 predicts the committed token
         that followed (`self._hits` of `self._rows`): its depth-1 acceptance, teacher-forced."""
-        feats = torch.cat(self._pending, dim=0)                                    # [m, H]
+        # Features come from the target's final norm, which under device_map="auto" can sit on
+        # another GPU than the head (placed with the embedding): move them to the head.
+        head_dev = self.head.fc.weight.device
+        feats = torch.cat([p.to(head_dev) for p in self._pending], dim=0)          # [m, H] on the head's device
         self._pending = []
         start = self.kv_len
         m = feats.shape[0]
@@ -415,19 +476,21 @@ class Eagle2Drafter:
         dtype = self.target.dtype
         # Tree-mask rows of the batch fed last, over every draft slot fed so far: a node sees its
         # parent's row plus itself (EAGLE's tmask[parent_slots] ++ I).
-        last_rows = torch.zeros(0, 0, dtype=torch.bool)
+        # Built on the device (no [kq, kv] host mask copied each depth).
+        head_dev = self.head.fc.weight.device
+        last_rows = torch.zeros(0, 0, dtype=torch.bool, device=head_dev)
 
         def step_fn(feats: torch.Tensor, tokens: torch.Tensor, depth: int, parent_slots: torch.Tensor | None):
             nonlocal last_rows
             kq = tokens.shape[0]
             n_fed = last_rows.shape[1]
-            prev = torch.zeros(kq, n_fed, dtype=torch.bool) if parent_slots is None else last_rows[parent_slots]
-            last_rows = torch.cat([prev, torch.eye(kq, dtype=torch.bool)], dim=1)       # [kq, n_fed + kq]
-            allowed = torch.cat([torch.ones(kq, stable, dtype=torch.bool), last_rows], dim=1)
-            mask = torch.zeros(1, 1, kq, stable + n_fed + kq, dtype=dtype)
-            mask = mask.masked_fill(~allowed, torch.finfo(dtype).min).to(dev)             # [1, 1, kq, kv]
+            prev = (torch.zeros(kq, n_fed, dtype=torch.bool, device=head_dev) if parent_slots is None
+                    else last_rows[parent_slots.to(head_dev)])
+            last_rows = torch.cat([prev, torch.eye(kq, dtype=torch.bool, device=head_dev)], dim=1)  # [kq, n_fed + kq]
+            mask = torch.zeros(1, 1, kq, stable + n_fed + kq, dtype=dtype, device=head_dev)      # [1, 1, kq, kv]
+            mask[0, 0, :, stable:].masked_fill_(~last_rows, torch.finfo(dtype).min)
             pos = torch.full((kq,), stable + depth, dtype=torch.long, device=dev)
-            out = self.head(self.target.embed(tokens.to(dev)), feats, pos, self.cache, mask)  # [kq, H]
+            out = self.head(self.target.embed(tokens.to(dev)), feats.to(head_dev), pos, self.cache, mask)  # [kq, H]
             return out, torch.log_softmax(self.head.draft_logits(self.target, out).float(), dim=-1)  # [kq, V]
 
         try:

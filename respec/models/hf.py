@@ -10,6 +10,13 @@ tree forwards use grouped-query SDPA on the CPU (respec/models/attention.py). Co
 non-prefix path gathers the kept rows of every layer along the sequence axis, then crops
 (`DynamicCache.crop` takes a NEGATIVE count in transformers 5; see shared/models/README.md §3.2).
 No modeling file is forked or patched.
+
+Installed-version and placement guards (respec/models/compat.py): the cache goes in under the
+keyword the installed transformers names (`cache` in 5.24, `past_key_values` in older 5.x; an
+unnamed keyword would be silently dropped), and a model with meta or CPU/disk-offloaded weights is
+refused with one ModelLoadError. Several GPUs (device_map="auto"): input ids go to the embedding's
+device, `hidden` comes back on the final norm's device (drafters move it to their head), and the
+verify-cost curve synchronises every CUDA device holding weights.
 """
 from __future__ import annotations
 
@@ -20,6 +27,7 @@ import torch
 from transformers import DynamicCache
 
 from respec.models.base import TargetOutput
+from respec.models.compat import cache_kwarg, check_placement, check_transformers, cuda_devices, synchronize
 from respec.models.attention import use_tree_attention
 from respec.models.kv import slab_cache
 from respec.tree import DraftTree
@@ -28,6 +36,8 @@ from respec.tree import DraftTree
 class HFTarget:
     def __init__(self, model, *, eos_token_ids: frozenset[int] = frozenset(), context_length: int | None = None,
                  name: str = "model", tokenizer=None) -> None:
+        check_transformers()
+        check_placement(model, name)
         self.model = model.eval()
         # masked multi-token forwards skip repeat_kv on the CPU (attention.py); other models get no extra kwarg
         self._tree_kwargs = {"respec_gqa": True} if use_tree_attention(model) else {}
@@ -44,6 +54,8 @@ class HFTarget:
         self._embed = model.get_input_embeddings()
         self.cache: DynamicCache | None = None
         self._pending: int = 0          # tree nodes fed by the last forward_tree, not yet kept
+        self._cache_kw = cache_kwarg(self._base.forward)      # "cache" (5.24) or "past_key_values"
+        self._cuda_devices = cuda_devices(model)              # synchronised around timed forwards
 
     # ------------------------------------------------------------------ properties
     @property
@@ -83,11 +95,15 @@ class HFTarget:
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return self._embed(tokens.to(self.device))
 
+    def _forward(self, **kwargs):
+        """The base model over the engine's cache, passed under the installed version's keyword."""
+        return self._base(**{self._cache_kw: self.cache}, use_cache=True, **kwargs)
+
     @torch.inference_mode()
     def prefill(self, tokens: Sequence[int]) -> TargetOutput:
         self.reset()
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)   # [1, n]
-        out = self._base(input_ids=ids, cache=self.cache, use_cache=True)
+        out = self._forward(input_ids=ids)
         hidden = out.last_hidden_state[0]                                            # [n, H]
         logits = self.lm_head(hidden[-1:]).float()                                   # [1, V]
         return TargetOutput(logits=logits, hidden=hidden)
@@ -106,11 +122,12 @@ class HFTarget:
         if is_chain:
             mask = None   # the model's causal mask equals the chain's ancestor mask
         else:
-            allowed = torch.cat([torch.ones(n, past, dtype=torch.bool), tree.attention_mask()], dim=1)
-            mask = torch.zeros(1, 1, n, past + n, dtype=self.dtype)
-            mask = mask.masked_fill(~allowed, torch.finfo(self.dtype).min).to(self.device)  # [1,1,n,past+n]
-        out = self._base(input_ids=ids, attention_mask=mask, position_ids=(past + depths)[None],
-                         cache=self.cache, use_cache=True, **self._tree_kwargs)
+            # built on the device: only the [n, n] ancestor mask is copied, not [n, past + n]
+            blocked = ~tree.attention_mask().to(self.device, non_blocking=True)           # [n, n]
+            mask = torch.zeros(1, 1, n, past + n, dtype=self.dtype, device=self.device)   # [1,1,n,past+n]
+            mask[0, 0, :, past:].masked_fill_(blocked, torch.finfo(self.dtype).min)
+        out = self._forward(input_ids=ids, attention_mask=mask, position_ids=(past + depths)[None],
+                            **self._tree_kwargs)
         self._pending = n
         hidden = out.last_hidden_state[0]                                            # [n, H]
         logits = self.lm_head(hidden).float()                                        # [n, V]
@@ -134,19 +151,17 @@ class HFTarget:
             context = max(1, min(context, self.context_length // 2))
             self.cache, self._pending = slab_cache(self.model.config), 0
             ids = torch.arange(context, device=self.device)[None] % vocab
-            self._base(input_ids=ids, cache=self.cache, use_cache=True)
+            self._forward(input_ids=ids)
             for n in missing:
                 if n + context > self.context_length:
                     break
                 tree = DraftTree.chain(1, [2 + (i % 50) for i in range(n - 1)], "eagle")
                 best = float("inf")
                 for _ in range(reps + 1):
-                    if self.device.type == "cuda":
-                        torch.cuda.synchronize(self.device)
+                    synchronize(self._cuda_devices)      # every GPU holding layers, not only the first
                     t0 = time.perf_counter()
                     self.forward_tree(tree, need_hidden=False)
-                    if self.device.type == "cuda":
-                        torch.cuda.synchronize(self.device)
+                    synchronize(self._cuda_devices)
                     best = min(best, (time.perf_counter() - t0) * 1000)
                     self.keep([0])
                     self.cache.crop(-1)
@@ -162,7 +177,7 @@ class HFTarget:
         number of scored tokens. Uses its own cache; resets the engine's cache (call between runs)."""
         self.reset()
         ids = torch.tensor([list(prompt) + list(output)], dtype=torch.long, device=self.device)
-        hidden = self._base(input_ids=ids, cache=self.cache, use_cache=True).last_hidden_state[0]
+        hidden = self._forward(input_ids=ids).last_hidden_state[0]
         n = len(output)
         logits = self.lm_head(hidden[len(prompt) - 1:len(prompt) - 1 + n]).float()      # [n, V]
         lp = torch.log_softmax(logits, dim=-1).gather(1, ids[0, len(prompt):, None])[:, 0]
@@ -179,11 +194,15 @@ class HFTarget:
         if path != list(range(len(path))):
             # Non-prefix path: move the kept rows to the front of the tree block, per layer.
             # e.g. past=10, path=[0, 2, 5]: rows 10,12,15 -> 10,11,12; then drop 3 trailing rows.
-            src = torch.tensor([past + i for i in path], dtype=torch.long)
+            # The index goes to each device once (one copy per GPU, not two per layer).
+            src = torch.tensor([past + i for i in path], dtype=torch.long, device=self.device)   # [len(path)]
+            on_device = {src.device: src}
             for layer in self.cache.layers:
                 for name in ("keys", "values"):
                     t = getattr(layer, name)                                         # [B, H, S, D]
-                    idx = src.to(t.device)
+                    idx = on_device.get(t.device)
+                    if idx is None:
+                        idx = on_device[t.device] = src.to(t.device)
                     t[:, :, past:past + len(path)] = t.index_select(2, idx)
         drop = n - len(path)
         if drop > 0:

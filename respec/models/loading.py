@@ -13,8 +13,16 @@ Contract:
   very same weights.
 - `encode_prompt(tokenizer, prompt)` turns a string or a chat message list into token ids, applying the chat
   template when the tokenizer has one.
-- Dtype: bf16 on CUDA and on CPUs with native bf16 (AVX512-BF16/AMX), fp32 otherwise. fp32 is numerically sound
-  for the default model (it matches fp64 to 1e-4 in the logits); bf16 is chosen for speed. See docs/MODEL_NOTES.md.
+- Dtype: bf16 on GPUs with native bf16 (Ampere and later) and on CPUs with native bf16 (AVX512-BF16/AMX); fp16 on
+  older GPUs (T4, V100: their bf16 is emulated), except the Qwen2 family, whose activations overflow fp16 (emulated
+  bf16 there, else fp32); fp32 on other CPUs. fp32 is numerically sound for the default model (it matches fp64 to
+  1e-4 in the logits); bf16 is chosen for speed. See docs/MODEL_NOTES.md.
+- Placement on CUDA: whole on the chosen GPU when it fits, else spread over every visible GPU (device_map="auto").
+  A model that would not fit on the GPUs together, or that accelerate offloads to the CPU or disk anyway, is refused
+  with one ModelLoadError (respec/models/compat.py `check_placement`): offloaded weights would be copied over on
+  every step, and meta tensors hold no values.
+- Vicuna-style models (Vicuna v1.1-v1.5: no chat template in the tokenizer) get the Vicuna conversation format their
+  EAGLE heads were trained on (`VICUNA_SYSTEM`, "USER: ... ASSISTANT:").
 
 Nothing runs at import time; transformers is imported lazily. `python -m respec.models.loading --prefetch` puts
 the default model into the cache (used by scripts/setup.sh).
@@ -157,14 +165,22 @@ def cpu_supports_bf16() -> bool:
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device, model_type: str = "") -> torch.dtype:
     """Pick the parameter dtype.
 
-    auto: CUDA -> bf16; CPU -> bf16 when native (cpu_supports_bf16), else fp32. fp16 is used only when asked
-    for, and never for the Qwen2 family, whose activations overflow fp16 (the EAGLE README says so too).
+    auto: CUDA -> bf16 where the GPU has it natively (compute capability 8.0+), else fp16 (T4, V100), but the
+    Qwen2 family never gets fp16 (its activations overflow it; the EAGLE README says so too): emulated bf16
+    where torch offers it, else fp32. CPU -> bf16 when native (cpu_supports_bf16), else fp32. Asking for fp16
+    on a Qwen2-family model raises ConfigError.
     """
+    qwen = model_type.lower().startswith("qwen")
     if isinstance(dtype, torch.dtype):
         chosen = dtype
     elif dtype == "auto":
         if device.type == "cuda":
-            chosen = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+            if torch.cuda.is_bf16_supported(including_emulation=False):
+                chosen = torch.bfloat16
+            elif not qwen:
+                chosen = torch.float16
+            else:
+                chosen = torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=True) else torch.float32
         elif device.type == "cpu":
             chosen = torch.bfloat16 if cpu_supports_bf16() else torch.float32
         else:
@@ -173,7 +189,7 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device, model_type: st
         chosen = _DTYPES[dtype.lower()]
     else:
         raise ConfigError(f"Unknown dtype {dtype!r}: use 'auto', 'bf16', 'fp16', 'fp32' or 'fp64'.")
-    if chosen == torch.float16 and model_type.lower().startswith("qwen"):
+    if chosen == torch.float16 and qwen:
         raise ConfigError(
             f"fp16 is refused for {model_type} models: their activations overflow float16 and the output turns "
             "into garbage. Use dtype='bf16' (or 'fp32')."
@@ -490,15 +506,25 @@ def _estimated_bytes(config: Any, dtype: torch.dtype) -> int:
     return sum(p.numel() for p in skeleton.parameters()) * torch.tensor([], dtype=dtype).element_size()
 
 
-def _needs_device_map(config: Any, dtype: torch.dtype, device: torch.device) -> bool:
+def _needs_device_map(config: Any, dtype: torch.dtype, device: torch.device, spec: str = "the model") -> bool:
     """device_map="auto" (accelerate) only for CUDA and only when the weights do not fit on the chosen GPU;
-    accelerate then spreads them over every visible GPU (offloading to CPU as a last resort). A model that fits
-    stays whole on one GPU: splitting a small model across GPUs only adds transfers."""
+    accelerate then spreads them over every visible GPU. A model that fits stays whole on one GPU: splitting a
+    small model across GPUs only adds transfers. One that would not fit on all GPUs together raises
+    ModelLoadError here, before any weight is read (CPU/disk offload is refused: see `check_placement`)."""
     if device.type != "cuda":
         return False
     free, _ = torch.cuda.mem_get_info(device)
     need = _estimated_bytes(config, dtype)
-    return need > 0.9 * free  # keep ~10% headroom for activations and the KV cache
+    if need <= 0.9 * free:  # keep ~10% headroom for activations and the KV cache
+        return False
+    count = torch.cuda.device_count()
+    total = sum(torch.cuda.mem_get_info(i)[0] for i in range(count))
+    if need > 0.9 * total:
+        raise ModelLoadError(
+            f"{spec} needs about {need / 1e9:.1f} GB of weights in {str(dtype).removeprefix('torch.')}, but the "
+            f"{count} visible GPU(s) have {total / 1e9:.1f} GB free together; offloading to the CPU is refused (every "
+            "step would copy weights over). Use a GPU with more memory, more GPUs, or a smaller model.")
+    return True
 
 
 def _eos_token_ids(model: Any, tokenizer: Any) -> frozenset[int]:
@@ -574,7 +600,7 @@ def load_model(spec: str = "default", device: str = "auto", dtype: str = "auto",
     device_map: str | dict | None = None                   # CPU: load in place
     if dev.type == "cuda":                                   # straight onto the GPU, or spread when too big
         whole = {"": dev.index if dev.index is not None else torch.cuda.current_device()}
-        device_map = "auto" if _needs_device_map(config, torch_dtype, dev) else whole
+        device_map = "auto" if _needs_device_map(config, torch_dtype, dev, spec) else whole
     # 4. load (our own cache quietly; a user's model with transformers' warnings, e.g. about missing weights)
     started = time.perf_counter()
     try:
@@ -587,8 +613,16 @@ def load_model(spec: str = "default", device: str = "auto", dtype: str = "auto",
         ) from error
     if device_map is None:
         model.to(dev)
+    from respec.models.compat import check_placement
+    try:
+        check_placement(model, f"Model {spec!r}")       # accelerate offloaded part of it after all
+    except ModelLoadError:
+        del model
+        raise
     model.eval()
     model.requires_grad_(False)
+    with contextlib.suppress(AttributeError):        # lets conversation_format see "vicuna" in a Hub id or path
+        tokenizer.respec_model_name = f"{spec} {getattr(config, '_name_or_path', '')}"
     eos = _eos_token_ids(model, tokenizer)
     if getattr(model.generation_config, "pad_token_id", None) is None and eos:
         model.generation_config.pad_token_id = min(eos)  # silences generate()'s "setting pad to eos" notice
@@ -610,6 +644,35 @@ def load_model(spec: str = "default", device: str = "auto", dtype: str = "auto",
 
 
 # ============================================================================================ prompts ====
+
+#: Vicuna v1.1 conversation format (FastChat's "vicuna_v1.1", which Vicuna v1.1-v1.5 and their EAGLE heads were
+#: trained on): SYSTEM + " USER: q ASSISTANT: a</s>USER: q2 ASSISTANT:".
+VICUNA_SYSTEM = ("A chat between a curious user and an artificial intelligence assistant. The assistant gives "
+                 "helpful, detailed, and polite answers to the user's questions.")
+
+
+def conversation_format(tokenizer: Any) -> str | None:
+    """"template" when the tokenizer has a chat template; "vicuna" for a Vicuna tokenizer without one (its
+    name or path says vicuna, or load_model marked it); None otherwise (plain text)."""
+    if getattr(tokenizer, "chat_template", None):
+        return "template"
+    name = f"{getattr(tokenizer, 'respec_model_name', '')} {getattr(tokenizer, 'name_or_path', '')}".lower()
+    return "vicuna" if "vicuna" in name else None
+
+
+def vicuna_prompt(messages: Sequence[Mapping[str, str]]) -> str:
+    """Chat messages -> Vicuna v1.1 text ending in "ASSISTANT:" (a system message replaces VICUNA_SYSTEM)."""
+    system = next((m["content"] for m in messages if m["role"] == "system"), VICUNA_SYSTEM)
+    text = system + " "
+    for m in messages:
+        if m["role"] == "system":
+            continue
+        if m["role"] == "assistant":
+            text += f"ASSISTANT: {m['content']}</s>"
+        else:
+            text += f"USER: {m['content']} "
+    return text + "ASSISTANT:"
+
 
 def prompt_messages(prompt: str | Sequence[Mapping[str, str]]) -> list[dict]:
     """A prompt (text, or chat messages) -> chat messages, checked without a model: PromptError for
@@ -646,6 +709,7 @@ def encode_prompt(
 
     With `chat` and a tokenizer that has a chat template: a plain string becomes one user turn; a message list
     ([{"role": "user", "content": ...}, ...]) is used as is; add_generation_prompt=True opens the assistant turn.
+    A Vicuna tokenizer without a template (conversation_format) gets the Vicuna v1.1 format instead, with BOS.
     Otherwise the text is tokenized plainly (with the tokenizer's own special tokens, e.g. BOS); a message list
     is then joined content by content, one blank line apart.
     Raises PromptError for an empty or whitespace-only prompt, or more than `max_tokens` ids.
@@ -657,9 +721,12 @@ def encode_prompt(
     # 2. render: with the template, render to text and tokenize that text without adding special tokens (the
     #    template already holds them). This sidesteps apply_chat_template's return type, which in transformers 5
     #    is a BatchEncoding (a dict) rather than a list when tokenize=True.
-    if chat and getattr(tokenizer, "chat_template", None):
+    form = conversation_format(tokenizer) if chat else None
+    if form == "template":
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    elif form == "vicuna":
+        ids = tokenizer(vicuna_prompt(messages), add_special_tokens=True)["input_ids"]
     else:
         text = prompt if isinstance(prompt, str) else "\n\n".join(m["content"] for m in messages)
         ids = tokenizer(text, add_special_tokens=True)["input_ids"]
