@@ -115,7 +115,7 @@ TUNING_MD = """\
 Every **Run** on the Compare tab adds a row to the **run history** under the outputs: the settings that
 differ from the device defaults, and per method tokens/s, speedup (measured when vanilla ran, else
 ≈ estimated), mean accepted length (MAT), trigger rate, retrieval share, relaxed tokens and whether the
-output equals vanilla's. The workflow: run once, **📌 pin as A**, move one threshold, run again, and read
+output equals vanilla's. The workflow: run once, **pin this run as A**, move one threshold, run again, and read
 the deltas against A (speed, MAT, identical output or the first differing token, with the token diff);
 **↺ restore A's settings** puts the sliders back. tokens/s moves by about ±10% from run to run on a
 shared CPU, so use **repeat ×N**: the history keeps the median and the spread, and a delta against A

@@ -193,15 +193,18 @@ def build_history_panel() -> dict[str, Any]:
         c["history_summary"] = gr.HTML(history.summary_html(History(max_rows=1)), elem_id="baseline-delta")
         c["history_diff"] = gr.HighlightedText([], label="token diff against A", color_map=DIFF_COLORS,
                                                show_legend=True, visible=False, elem_id="baseline-diff")
-        with gr.Row(equal_height=True):
+        with gr.Row(equal_height=False):
             c["pin_choice"] = gr.Dropdown([], value=None, label="run", elem_id="pin-run", scale=3,
                                           allow_custom_value=False)
-            c["pin_btn"] = gr.Button("📌 pin as A", size="sm", elem_id="pin-a", scale=1)
-            c["restore_btn"] = gr.Button("↺ restore A's settings", size="sm", elem_id="restore-a", scale=1)
-            c["clear_btn"] = gr.Button("clear history", size="sm", elem_id="clear-history", scale=1)
-            c["history_csv"] = gr.DownloadButton("⬇ CSV", visible=False, size="sm", elem_id="history-csv", scale=1)
+            with gr.Column(scale=2, min_width=200):
+                c["pin_btn"] = gr.Button("pin this run as A", size="sm", elem_id="pin-a")
+                c["restore_btn"] = gr.Button("↺ restore A's settings", size="sm", elem_id="restore-a")
+            with gr.Column(scale=2, min_width=200):
+                c["history_csv"] = gr.DownloadButton("⬇ history as CSV", visible=False, size="sm",
+                                                     elem_id="history-csv")
+                c["clear_btn"] = gr.Button("clear history", size="sm", elem_id="clear-history")
         c["history_table"] = gr.Dataframe(history.table(History(max_rows=1)), label="runs (newest first; click a "
-                                          "header to sort)", interactive=False, wrap=True, max_height=340,
+                                          "header to sort)", interactive=False, wrap=False, max_height=340,
                                           elem_id="run-history")
         c["metric"] = gr.Radio(list(history.METRIC_CHOICES), value="tokens/s", label="plot",
                                elem_id="history-metric")
