@@ -5,7 +5,8 @@ model loads on the first run, the shipped trace opens when a page loads). Handle
 keyed by the names in `comps`; `_bind` maps them to components. Every engine run (page and API)
 shares the queue's concurrency group "gpu" with limit 1, so runs never overlap and timings stay
 fair. Stable element ids (tests rely on them): prompt, run, stop, respec-output, eagle-output,
-metrics, entropy-plot, tree-plot, step-slider, trace-upload, trace-download.
+metrics, entropy-plot, tree-plot, step-slider, trace-upload, trace-download, repeats (and the run
+history's ids, listed in app/tuning.py).
 
 Launch with `demo.queue(...)` already applied here and `demo.launch(**launch_kwargs())`.
 """
