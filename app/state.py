@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from app.history import History
 from app.settings import method_label
 
 if TYPE_CHECKING:
@@ -54,6 +55,7 @@ class SessionState:
     last_render_ms: list[float] = field(default_factory=list)   # server time of each streamed update
     running: bool = False            # a run of this tab is queued or going (set by Run, cleared at its end / Stop)
     stop_requested: bool = False     # Stop was pressed during the current run (cleared by the next Run)
+    history: History = field(default_factory=History)   # this tab's Compare runs (app/history.py); clear() keeps it
 
     def put(self, key: str, run: Run) -> None:
         self.runs[key] = run

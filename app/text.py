@@ -109,3 +109,24 @@ STEP_HELP = ("Pick a run and a step (one target forward). The tree shows every d
 
 STOPPED = "■ stopped."   # the status line after Stop (the Run stream and the Stop handler both write it)
 EMPTY_HINT = "Type a prompt and press **Run**, or open a recorded trace under *Trace files*."
+
+TUNING_MD = """\
+## Tuning thresholds by hand
+Every **Run** on the Compare tab adds a row to the **run history** under the outputs: the settings that
+differ from the device defaults, and per method tokens/s, speedup (measured when vanilla ran, else
+≈ estimated), mean accepted length (MAT), trigger rate, retrieval share, relaxed tokens and whether the
+output equals vanilla's. The workflow: run once, **pin this run as A**, move one threshold, run again, and read
+the deltas against A (speed, MAT, identical output or the first differing token, with the token diff);
+**↺ restore A's settings** puts the sliders back. tokens/s moves by about ±10% from run to run on a
+shared CPU, so use **repeat ×N**: the history keeps the median and the spread, and a delta against A
+says whether it is within the spread. MAT, trigger rate and retrieval share do not depend on machine
+noise: they are the better guide for thresholds that change *what* is drafted. The history is kept per
+browser tab (RESPEC_MAX_HISTORY rows, default 50), survives switching tabs and replaying traces, plots
+speed or MAT against the run number, and exports as CSV.
+
+Through the API, each `/compare` call is recorded in the calling client's own history:
+```python
+client.predict("Name three colors.", '{"theta_H": 1.5}', api_name="/compare")
+rows = json.loads(client.predict(api_name="/history"))["rows"]   # settings and metrics of each call
+```
+"""

@@ -5,7 +5,8 @@ model loads on the first run, the shipped trace opens when a page loads). Handle
 keyed by the names in `comps`; `_bind` maps them to components. Every engine run (page and API)
 shares the queue's concurrency group "gpu" with limit 1, so runs never overlap and timings stay
 fair. Stable element ids (tests rely on them): prompt, run, stop, respec-output, eagle-output,
-metrics, entropy-plot, tree-plot, step-slider, trace-upload, trace-download.
+metrics, entropy-plot, tree-plot, step-slider, trace-upload, trace-download, repeats (and the run
+history's ids, listed in app/tuning.py).
 
 Launch with `demo.queue(...)` already applied here and `demo.launch(**launch_kwargs())`.
 """
@@ -19,14 +20,15 @@ from typing import Any, Callable
 
 import gradio as gr
 
-from app import handlers
+from app import handlers, tuning
 from app.gpu import ZERO_GPU, gpu
 from app.handlers import ModelHub
 from app.lab import lab_request, lab_stream
 from app.render import colors
-from app.settings import PRESET_HELP, PRESETS, SECTIONS, SPECS, Caps, non_default, preset_values
+from app.settings import PRESET_HELP, PRESETS, SECTIONS, SPECS, Caps, _env_int, non_default, preset_values
 from app.state import SessionState
-from app.text import (ABOUT_MD, API_MD, DIFF_COLORS, EMPTY_HINT, INTRO, LEGEND_MD, STEP_HELP, STOPPED, TITLE)
+from app.text import (ABOUT_MD, API_MD, DIFF_COLORS, EMPTY_HINT, INTRO, LEGEND_MD, STEP_HELP, STOPPED, TITLE,
+                      TUNING_MD)
 from respec.errors import RespecError
 
 #: Seconds of GPU a ZeroGPU Space reserves per run (RESPEC_GPU_DURATION; spaces.GPU's default is 60).
@@ -127,6 +129,7 @@ def build_demo(hub: ModelHub | None = None, caps: Caps | None = None) -> gr.Bloc
         hub.preload()                 # a failure opens replay mode (banner), never crashes the Space
     start = preset_values("device defaults", device, caps)
     comps: dict[str, Any] = {}
+    api_histories = tuning.HistoryStore(_env_int("RESPEC_MAX_SESSIONS", 300))   # /compare runs per API client
 
     with gr.Blocks(title=TITLE, fill_width=True, analytics_enabled=False) as demo:
         state = gr.State(SessionState(), delete_callback=_delete_session)
@@ -156,6 +159,8 @@ def build_demo(hub: ModelHub | None = None, caps: Caps | None = None) -> gr.Bloc
                     include_vanilla = gr.Checkbox(False, label="also run vanilla (measured speedup)",
                                                   elem_id="include-vanilla")
                     show_rejected = gr.Checkbox(False, label="show rejected drafts", elem_id="show-rejected")
+                    repeats = gr.Slider(1, tuning.MAX_REPEATS, value=1, step=1, elem_id="repeats",
+                                        label="repeat ×N (same settings; median and spread of tokens/s)")
                 examples = handlers.example_prompts()
                 if examples:
                     gr.Examples([[p] for p in examples], inputs=[comps["prompt"]], label="Example prompts")
@@ -208,6 +213,7 @@ def build_demo(hub: ModelHub | None = None, caps: Caps | None = None) -> gr.Bloc
                                                    elem_id="token-diff")
                 comps["metrics"] = gr.HTML("", elem_id="metrics")
                 comps["metrics_plot"] = gr.Plot(label="acceptance and timing", show_label=False, elem_id="metrics-plot")
+                hist = tuning.build_history_panel()      # run history, baseline A (not in all_outputs)
 
             # ---------------------------------------------------------------- Step explorer
             with gr.Tab("Step explorer", id="explorer"):
@@ -268,6 +274,7 @@ def build_demo(hub: ModelHub | None = None, caps: Caps | None = None) -> gr.Bloc
             # ---------------------------------------------------------------- About
             with gr.Tab("About & API", id="about"):
                 gr.Markdown(ABOUT_MD)
+                gr.Markdown(TUNING_MD)
                 gr.Markdown(API_MD)
 
         all_outputs = list(comps.values())
@@ -280,16 +287,18 @@ def build_demo(hub: ModelHub | None = None, caps: Caps | None = None) -> gr.Bloc
 
         @gpu(duration=GPU_DURATION_S)
         def run_compare(prompt, include_v, show_rej, teach, model_spec, auto_on, *rest):
-            *vals, st = rest
-            yield from handlers.compare_stream(hub, caps, prompt, values_of(auto_on, *vals), include_v, show_rej,
-                                               teach, st, model_spec)
+            *vals, st, reps, metric = rest
+            yield from tuning.compare_with_history(hub, caps, prompt, values_of(auto_on, *vals), include_v, show_rej,
+                                                   teach, st, model_spec, reps, metric)
 
-        run_inputs = [comps["prompt"], include_vanilla, show_rejected, teaching, model, auto, *control_list, state]
+        run_inputs = [comps["prompt"], include_vanilla, show_rejected, teaching, model, auto, *control_list, state,
+                      repeats, hist["metric"]]
+        hist_outputs = [hist[k] for k in tuning.HISTORY_OUTPUTS]
         # Run: a quick unqueued claim (a second press while this tab's run is going gets a message
         # instead of a second run), then the queued run in the shared "gpu" group. Stop cancels it.
         run_ev = run_btn.click(_claim, [state], [comps["status"]], api_visibility="private", trigger_mode="multiple",
                                concurrency_limit=None, show_progress="hidden").success(
-            _guard(_bind(run_compare, comps), comps), run_inputs, all_outputs,
+            _guard(_bind(run_compare, comps | hist), comps), run_inputs, all_outputs + hist_outputs,
             api_visibility="undocumented", concurrency_id="gpu", concurrency_limit=1, show_progress="minimal",
             trigger_mode="multiple", time_limit=caps.time_limit_s, show_progress_on=[comps["respec_out"], comps["eagle_out"]])
         stop_btn.click(_stop, [state], [comps["status"]], cancels=[run_ev], queue=False, api_visibility="private")
@@ -307,6 +316,8 @@ def build_demo(hub: ModelHub | None = None, caps: Caps | None = None) -> gr.Bloc
                 return f"// {exc}"
         gr.on([c.input for c in control_list] + [auto.input], show_json, [auto, *control_list], [settings_json],
               api_visibility="private", queue=False, trigger_mode="always_last")
+        tuning.wire_history_events(hub, hist, state, [*control_list, auto, settings_json], [*spec_keys, "tree.auto"],
+                                   lambda v: show_json(v["tree.auto"], *[v[k] for k in spec_keys]), comps["status"])
 
         show_rejected.change(_bind(handlers.rerender_outputs, comps), [show_rejected, state], all_outputs,
                              api_visibility="private")
@@ -372,18 +383,21 @@ def build_demo(hub: ModelHub | None = None, caps: Caps | None = None) -> gr.Bloc
 
         # ---------------------------------------------------------------- the API
         @gpu(duration=GPU_DURATION_S)
-        def compare(prompt: str, settings_json: str = "{}") -> tuple[str, str, str, str, str]:
+        def compare(prompt: str, settings_json: str = "{}", request: gr.Request = None) -> tuple[str, str, str, str, str]:
             """Run ReSpec (or its stand-in) and EAGLE-2 on one prompt.
 
             Returns (ReSpec text, EAGLE-2 text, ReSpec trace JSON, EAGLE-2 trace JSON, metrics JSON).
             settings_json: a JSON object of settings ("{}" = defaults), e.g. {"theta_H": 1.5}."""
             try:
-                return handlers.compare_api(hub, caps, prompt, settings_json)
+                out = handlers.compare_api(hub, caps, prompt, settings_json)
             except RespecError as exc:
                 raise gr.Error(str(exc), print_exception=False) from None
+            tuning.record_api_run(api_histories, getattr(request, "session_hash", None), hub, caps, prompt, out)
+            return out
 
         # gr.api reads the signature's annotations as objects (this module postpones them as strings)
-        compare.__annotations__ = {"prompt": str, "settings_json": str, "return": tuple[str, str, str, str, str]}
+        compare.__annotations__ = {"prompt": str, "settings_json": str, "request": gr.Request,
+                                   "return": tuple[str, str, str, str, str]}
         gr.api(compare, api_name="compare", concurrency_id="gpu", concurrency_limit=1, time_limit=caps.time_limit_s)
 
         def replay(trace_json: str) -> tuple[str, str]:
@@ -397,6 +411,14 @@ def build_demo(hub: ModelHub | None = None, caps: Caps | None = None) -> gr.Bloc
 
         replay.__annotations__ = {"trace_json": str, "return": tuple[str, str]}
         gr.api(replay, api_name="replay", concurrency_limit=4)
+
+        def history(request: gr.Request = None) -> str:
+            """This client's /compare runs as JSON: {"rows": [{run, time, prompt, changed, settings,
+            methods: {respec, eagle[, vanilla]: tokens/s, speedup, MAT, trigger rate, retrieval share, …}}]}."""
+            return tuning.api_history(api_histories, getattr(request, "session_hash", None))
+
+        history.__annotations__ = {"request": gr.Request, "return": str}
+        gr.api(history, api_name="history", concurrency_limit=4)
 
     demo.queue(default_concurrency_limit=1, max_size=caps.queue_size)
     return demo

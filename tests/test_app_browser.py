@@ -166,6 +166,81 @@ def test_the_lab_runs_a_tiny_benchmark_and_offers_the_csv(page, tmp_path):
     page.get_by_role("tab", name="Compare").click()
 
 
+def _set_number(pg, elem_id: str, value) -> None:
+    box = pg.locator(f"#{elem_id} input[type=number]")
+    box.fill(str(value))
+    box.press("Enter")
+
+
+def test_run_history_pin_a_baseline_repeat_and_export(url, browser):
+    """Tuning by hand (issue 20), in its own browser context: two runs with different θ_H make two
+    history rows; pinning the first, a third run (repeat ×3) shows deltas against it with a median
+    and a spread; the CSV holds the rows; restore puts θ_H back; the history survives a tab switch
+    and a replay, and another browser context does not see it."""
+    import re
+
+    import pandas as pd
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+    pg = ctx.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda exc: errors.append(str(exc)))
+    pg.goto(url)
+    expect(pg.locator("#status")).to_contain_text("Replaying the recorded trace", timeout=60_000)
+    history = pg.locator("#run-history")
+    pg.locator("#prompt textarea").fill("Name the days of the week.")
+    pg.get_by_text("Settings — every threshold").click()
+    _set_number(pg, "set-max-new-tokens", 8)
+    for run, theta in ((1, 1.5), (2, 2.5)):
+        _set_number(pg, "set-trigger-theta-entropy", theta)
+        pg.locator("#run").click()
+        expect(pg.locator("#status")).to_contain_text(f"run #{run} added to the history", timeout=300_000)
+        expect(history).to_contain_text(f"θ_H={theta}")
+    assert "θ_H=1.5" in history.inner_text() and "θ_H=2.5" in history.inner_text()
+
+    pg.locator("#pin-run input").click()
+    pg.get_by_role("option", name=re.compile(r"^#1 ·")).click()
+    pg.locator("#pin-a").click()
+    expect(pg.locator("#baseline-delta")).to_contain_text("vs A = run #1", timeout=30_000)
+
+    _set_number(pg, "repeats", 3)
+    pg.locator("#run").click()
+    expect(pg.locator("#status")).to_contain_text("run #3 added to the history", timeout=300_000)
+    delta = pg.locator("#baseline-delta")
+    expect(delta).to_contain_text("Run #3")
+    expect(delta).to_contain_text("vs A = run #1")
+    expect(delta).to_contain_text("θ_H 1.5 → 2.5")
+    text = delta.inner_text()
+    assert re.search(r"median [\d.]+ tok/s, spread [\d.]+–[\d.]+", text), text
+    assert re.search(r"(within|outside) the spread", text), text
+    pg.screenshot(path=str(SHOTS / "run-history.png"), full_page=True)
+
+    with pg.expect_download(timeout=30_000) as dl:
+        pg.locator("#history-csv").click()
+    df = pd.read_csv(dl.value.path())
+    assert list(df["run"]) == [1, 2, 3] and list(df["repeats"]) == [1, 1, 3]
+    assert list(df["settings ≠ defaults"].str.contains("θ_H=1.5")) == [True, False, False]
+    assert df["ReSpec tok/s"].gt(0).all() and pd.notna(df["ReSpec tok/s spread"].iloc[2])
+
+    pg.locator("#restore-a").click()
+    expect(pg.locator("#set-trigger-theta-entropy input[type=number]")).to_have_value("1.5", timeout=30_000)
+
+    pg.get_by_role("tab", name="Trace files").click()
+    pg.locator("#open-trace").click()
+    expect(pg.locator("#status")).to_contain_text("Replaying the recorded trace", timeout=60_000)
+    pg.get_by_role("tab", name="Compare").click()
+    expect(history).to_contain_text("θ_H=1.5")
+    assert "θ_H=2.5" in history.inner_text(), "Switching tabs and replaying keep the history."
+
+    other = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+    other.goto(url)
+    expect(other.locator("#status")).to_contain_text("Replaying the recorded trace", timeout=60_000)
+    expect(other.locator("#baseline-delta")).to_contain_text("No runs yet")
+    assert "θ_H" not in other.locator("#run-history").inner_text(), "Another browser session sees no rows."
+    other.context.close()
+    assert not errors, f"no JavaScript errors: {errors}"
+    ctx.close()
+
+
 def test_a_model_that_fails_to_load_leaves_a_banner_and_replay_mode(browser):
     """A second server whose model cannot load: Run reports it, the banner says replay mode, a
     reload keeps the banner, and the recorded traces still open."""

@@ -89,6 +89,24 @@ def test_simultaneous_calls_queue_and_all_finish(client):
     assert all(len(r) == 5 for r in results), "Queued runs (concurrency 1) must all complete."
 
 
+def test_history_records_each_clients_compare_calls(client):
+    api = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
+    assert "/history" in api and api["/history"]["parameters"] == [], "/history takes no arguments."
+    assert [p["parameter_name"] for p in api["/compare"]["parameters"]] == ["prompt", "settings_json"], \
+        "The session (gr.Request) is not an API parameter."
+    own = Client(client.src, verbose=False)          # a fresh session: rows of other tests stay out
+    for theta in (1.5, 2.5):
+        own.predict(REPEAT, json.dumps({"max_new_tokens": 6, "theta_H": theta}), api_name="/compare")
+    data = json.loads(own.predict(api_name="/history"))
+    assert [r["run"] for r in data["rows"]] == [1, 2]
+    assert [r["changed"]["trigger.theta_entropy"] for r in data["rows"]] == [1.5, 2.5]
+    m = data["rows"][0]["methods"]["respec"]
+    assert m["new_tokens"] == 6 and m["tokens_per_s"] > 0 and m["speedup_kind"] == "estimated"
+    assert {"mean_accepted_length", "trigger_rate", "retrieval_share", "relaxed_tokens"} <= set(m)
+    other = json.loads(Client(client.src, verbose=False).predict(api_name="/history"))
+    assert other["rows"] == [], "Another client does not see these rows."
+
+
 @pytest.mark.slow
 def test_compare_on_the_default_model():
     from respec.models.loading import default_cache_dir
