@@ -104,10 +104,12 @@ class TreeConfig:
     depth: int = _ranged(5, 0, 32, integer=True)  # expansion rounds; max draft depth = depth + 1
     # root + (total_tokens - 1) draft nodes kept by the global re-rank
     total_tokens: int = _ranged(60, 1, MAX_TREE_TOKENS_CAP, integer=True)
-    auto: bool = False           # per step, keep only as many nodes as maximise expected tokens per
-                                 # second (verify-cost curve measured at load, shifted by what this
-                                 # request's steps really cost, x the head's calibrated confidence),
-                                 # down to no draft; total_tokens is then the maximum
+    auto: bool = False           # the cost model (respec/cost.py) for EVERY drafter: per step, keep
+                                 # only as many draft nodes (EAGLE tree, SAM chain, ReSpec trie) as
+                                 # maximise expected tokens per second (verify-cost curve measured at
+                                 # load, shifted by what this request's steps really cost, x each
+                                 # drafter's calibrated acceptance), down to no draft; a head that
+                                 # does not pay is switched off. The sizes below are then maxima
 
     def __post_init__(self) -> None:
         if not isinstance(self.auto, bool):
@@ -256,7 +258,8 @@ def device_defaults(device_type: str) -> dict[str, Any]:
     """Settings that suit a device better than the paper's GPU values, applied under the user's own
     (explicit settings always win). A 2-core CPU verifies 8-16 tokens for about the cost of one
     decode step but 64 for about three, so trees are small there; `tree.auto` then prunes each tree
-    to what pays, down to no draft (see respec/drafters/eagle2.py `choose_size`)."""
+    to what pays, down to no draft (respec/cost.py). The same holds for SAM's chains and ReSpec's
+    tries: `tree.auto` is the one cost model of every drafter."""
     if device_type == "cuda":
         return {"tree.auto": True}
     # ReSpec on the CPU default model (49k vocabulary, copy runs that start after 1-3-token
