@@ -514,7 +514,8 @@ class Eagle2Drafter:
                         rate_vs_plain=(1.0 + acc) / (interpolate_cost(curve, 2) + draft_ms) * interpolate_cost(curve, 1))
         if plan.rate_vs_plain >= 1.0 + MIN_GAIN:
             return True
-        self._misses += 1
+        # a head that matched nothing over many rows is plainly useless: back off twice as fast
+        self._misses += 2 if (self._hits == 0 and self._rows >= PROBE_ROWS // 2) else 1
         self._skip = min(MAX_SKIP, 2 ** self._misses)
         self.last_auto = {**plan.to_dict(), "kept": 1, "probe_hits": self._hits, "probe_rows": self._rows,
                           "reason": f"auto probe: the head's top-1 matched {self._hits} of the last "
