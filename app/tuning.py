@@ -79,20 +79,30 @@ def compare_with_history(hub, caps: Caps, prompt: str, values: Mapping[str, Any]
                 return
             state.running = True              # compare_stream cleared it at the end of the last repeat
         before = {id(r) for r in state.runs.values()}
+        last: dict[str, Any] | None = None    # held back one update: the run's last one may get the history
         for update in handlers.compare_stream(hub, caps, prompt, values, include_vanilla, show_rejected, teaching,
                                               state, model):
             status = update.get("status")
             if n > 1 and isinstance(status, str) and not status.startswith("⚠"):
                 update = {**update, "status": f"repeat {i + 1}/{n} · {status}"}
-            yield update
+            if last is not None:
+                yield last
+            last = update
         fresh = all(k in state.runs and state.runs[k].origin == "live" and id(state.runs[k]) not in before
                     for k in plan)
-        if state.stop_requested or not fresh:
-            return                            # failed or stopped: no row
+        if state.stop_requested or not fresh or i + 1 < n:
+            if last is not None:
+                yield last
+            if state.stop_requested or not fresh:
+                return                        # failed or stopped: no row
         done.append({k: state.runs[k].result for k in plan})
     state.running = False
     row = state.history.add(page_row(done, prompt, model or hub.spec, hub.device(), caps))
-    out = history_views(state, hub, metric)
+    # The history views go out in the same update as the run's last one (the explorer's plots and
+    # tables), never in an update of their own: Gradio streams each update as a diff against the
+    # one before, and an output missing from an update after a dict value (a plot, a table) is
+    # sent as edits that the browser applies in place to the value on screen, emptying it.
+    out = (last or {}) | history_views(state, hub, metric)
     first = row.entries.get("respec") or next(iter(row.entries.values()))
     out["status"] = (f"✔ done — run #{row.number} added to the history"
                      + (f"; repeat ×{n}: {history.COLUMN_NAMES[first.column]} {history.timing_text(first)}"

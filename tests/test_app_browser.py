@@ -72,6 +72,9 @@ def test_page_opens_with_a_recorded_trace(page):
 
 
 def test_run_compare_on_the_default_model(page):
+    # The page's load event opens the recorded trace and puts its prompt into the box: wait for it,
+    # so it cannot overwrite the prompt typed here (this test may run without the one above).
+    expect(page.locator("#status")).to_contain_text("Replaying the recorded trace", timeout=60_000)
     page.locator("#prompt textarea").fill("List the planets of the solar system, then list them again.")
     page.locator("#run").click()
     expect(page.locator("#status")).to_contain_text("done", timeout=300_000)

@@ -211,6 +211,9 @@ def test_repeats_make_one_row_with_the_median_and_spread(hub):
     assert r.changed["trigger.theta_entropy"] == 20.0 and r.settings["max_new_tokens"] == 8
     assert any(str(u.get("status", "")).startswith("repeat 3/3") for u in ups)
     assert "median" in ups[-1]["status"] and "spread" in ups[-1]["history_summary"]
+    # The history goes out with the run's last update, not after it: a later update without the
+    # explorer's plots would be streamed as a diff that empties them in the browser.
+    assert {"tree_plot", "entropy_plot", "history_plot", "history_table"} <= set(ups[-1])
     assert not st.running, "The tab may run again."
 
 
