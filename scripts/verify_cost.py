@@ -1,7 +1,7 @@
 """Print the target's verify-cost curve: milliseconds of one tree forward of n tokens after a
 context of C cached tokens (the same measurement `tree.auto` uses), and its ratio to n = 1.
 
-    .venv/bin/python scripts/verify_cost.py [--model default] [--context 768]
+    PYTHONPATH=. .venv/bin/python scripts/verify_cost.py [--model default] [--context 768] [--dtype float32]
 """
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ def main() -> None:
     ap.add_argument("--model", default="default")
     ap.add_argument("--context", type=int, default=768)
     ap.add_argument("--reps", type=int, default=4)
+    ap.add_argument("--dtype", default="auto", help="auto | bfloat16 | float16 | float32")
     args = ap.parse_args()
-    target = load_target(args.model)
+    target = load_target(args.model, dtype=args.dtype)
     curve = target.verify_cost_curve(max_size=64, context=args.context, reps=args.reps)
     print(f"{target.name} on {target.device} ({str(target.dtype).replace('torch.', '')}), "
           f"context {args.context} tokens; best of {args.reps + 1} runs")
