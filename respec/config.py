@@ -18,13 +18,35 @@ from typing import Any, Mapping
 
 from respec.errors import ConfigError
 
-#: Decoding methods the engine knows. Strict (lossless) methods are those whose output must equal
-#: vanilla greedy output; `respec` with a relaxed budget > 0 is the only lossy one.
-METHODS: tuple[str, ...] = ("vanilla", "eagle2", "sam", "respec", "respec-strict",
-                            "respec-no-trigger", "respec-no-ema")
+#: Decoding methods the engine knows, with what each one is (README "Command line"). The ReSpec
+#: ablations are named for the one part they remove (ALGORITHMS.md §1.8, issue 18):
+METHOD_INFO: dict[str, str] = {
+    "vanilla": "plain greedy / sampled decoding, one token per target forward",
+    "eagle2": "EAGLE-2 dynamic tree only (ReSpec without retrieval)",
+    "sam": "SAM-Decoding: suffix-automaton retrieval chain when the match is >= sam.len_threshold, "
+           "else EAGLE-2",
+    "respec": "full ReSpec: entropy gate, EMA-ranked candidates, relaxed verification of retrieved "
+              "nodes, EAGLE-2 fallback",
+    "respec-strict": "ReSpec without relaxation: every node verified strictly (lossless)",
+    "respec-no-gate": "ReSpec without the entropy gate: retrieve whenever a match >= L_min exists",
+    "respec-no-feedback": "ReSpec without feedback: the same candidates and K, ranked by match length "
+                          "then recency, no EMA update, no score filter (every score stays S0)",
+    "respec-no-model": "ReSpec without the model fallback: retrieval only, a root-only step where "
+                       "ReSpec would let EAGLE-2 draft",
+    # Legacy ablations (kept so old traces and commands load; they swap a part for SAM's, so they
+    # do not isolate one part: prefer respec-no-gate / respec-no-feedback).
+    "respec-no-trigger": "legacy: the entropy gate replaced by SAM's rule (match >= sam.len_threshold)",
+    "respec-no-ema": "legacy: the earliest occurrence only (SAM's min_endpos), K = 1, length L_max, "
+                     "no score filter",
+}
+METHODS: tuple[str, ...] = tuple(METHOD_INFO)
 IMPLEMENTED_METHODS: tuple[str, ...] = METHODS
+#: Superseded ablation names, still accepted, and the method that isolates what they meant to remove.
+LEGACY_METHODS: dict[str, str] = {"respec-no-trigger": "respec-no-gate", "respec-no-ema": "respec-no-feedback"}
 #: Methods whose retrieval nodes are verified with the relaxed rule (lossy unless relax.budget == 0).
-RELAXED_METHODS: tuple[str, ...] = ("respec", "respec-no-trigger", "respec-no-ema")
+#: Every ReSpec variant except respec-strict; eagle2 / sam / vanilla never relax.
+RELAXED_METHODS: tuple[str, ...] = ("respec", "respec-no-gate", "respec-no-feedback", "respec-no-model",
+                                    "respec-no-trigger", "respec-no-ema")
 
 
 def is_lossless(config: "EngineConfig") -> bool:
@@ -159,6 +181,20 @@ class CandidateConfig:
         _validate_ranges(self)
 
 
+#: Readings of the paper's "look-ahead tolerance" (ALGORITHMS.md §1.6), the rule `relax.mode`
+#: chooses; respec/verify.py implements each. Every mode relaxes retrieved nodes only, never a
+#: special or digit-only token, at most `budget` times per path, and needs the next `w` draft
+#: tokens to match the target exactly after a relaxed one.
+RELAX_MODES: dict[str, str] = {
+    "lookahead": "Spec-Verification: the token is in the target's top-β and within τ nats of its "
+                 "top-1 (the reconstructed rule, default)",
+    "fly": "FLy's deferred window [F, T x w]: any mismatch the next w tokens re-synchronise after, "
+           "no top-β / τ test",
+    "shift": "insert tolerance: the mismatched token is an extra one; the next draft token is the "
+             "target's top-1 at its position (the skip half needs a second forward and is not offered)",
+}
+
+
 @dataclass(frozen=True)
 class RelaxConfig:
     """ReSpec HOW, applied to retrieval nodes only (ALGORITHMS §1.6). budget = 0 is lossless."""
@@ -166,8 +202,11 @@ class RelaxConfig:
     tau: float = _ranged(2.0, 0.0, 50.0)  # τ: nats, max log-prob gap to the target's top-1
     lookahead: int = _ranged(3, 0, 64, integer=True)  # w: strict matches required after a relaxed token
     budget: int = _ranged(2, 0, 64, integer=True)  # relaxed acceptances allowed per step
+    mode: str = "lookahead"  # which reading of "look-ahead tolerance" (RELAX_MODES); β, τ apply to "lookahead" only
 
     def __post_init__(self) -> None:
+        if not isinstance(self.mode, str) or self.mode not in RELAX_MODES:
+            raise ConfigError(f"RelaxConfig.mode must be one of {', '.join(RELAX_MODES)}, got {self.mode!r}")
         _validate_ranges(self)
 
 
@@ -184,7 +223,11 @@ ALIASES: dict[str, str] = {
     "theta_score": "candidates.theta_score", "K": "candidates.top_k",
     "L_max": "candidates.l_max", "L_min": "candidates.min_match",
     "beta": "relax.beta", "tau": "relax.tau", "w": "relax.lookahead", "budget": "relax.budget",
+    "relax_mode": "relax.mode",
 }
+
+#: Settings whose values are names, not numbers (never parsed by `_coerce`).
+STRING_SETTINGS: frozenset[str] = frozenset({"method", "relax.mode"})
 
 
 @dataclass(frozen=True)
@@ -232,9 +275,9 @@ class EngineConfig:
                 cls = _SECTIONS.get(section)
                 if cls is None or name not in {f.name for f in dataclasses.fields(cls)}:
                     raise ConfigError(f"unknown setting {raw_key!r}")
-                sections.setdefault(section, {})[name] = _coerce(raw_key, value)
+                sections.setdefault(section, {})[name] = coerce_setting(key, value, raw_key)
             elif key in ("method", "max_new_tokens"):
-                top[key] = value if key == "method" else _coerce(raw_key, value)
+                top[key] = coerce_setting(key, value, raw_key)
             else:
                 raise ConfigError(f"unknown setting {raw_key!r}")
         try:
@@ -270,6 +313,40 @@ def device_defaults(device_type: str) -> dict[str, Any]:
             "trigger.theta_entropy": 3.0, "candidates.min_match": 2, "candidates.l_max": 32}
 
 
+#: Named starting points applied INSTEAD of the device defaults (user settings still win), one
+#: definition for the CLI (`--preset`), the app's preset list and `/compare`'s `"preset"` key.
+#: "paper": the paper's thresholds (θ_H 1.5, window 3, L_min 3, L_max 16, S0 = θ_score = 0.5;
+#: ALGORITHMS.md §1.3-1.4) with EAGLE-2's published fixed tree (60 nodes, depth 5, top-k 10, no
+#: cost model) and the budgets the paper implies (60-node trie, SAM's 40-token chain). These are
+#: EngineConfig's own defaults; listing them makes the preset independent of any device default.
+PRESETS: dict[str, dict[str, Any]] = {
+    "paper": {
+        "tree.auto": False, "tree.total_tokens": 60, "tree.depth": 5, "tree.top_k": 10,
+        "trigger.theta_entropy": 1.5, "trigger.window": 3, "trigger.lambda_e": 1.0,
+        "candidates.min_match": 3, "candidates.l_max": 16, "candidates.s0": 0.5,
+        "candidates.theta_score": 0.5, "candidates.alpha": 0.3, "candidates.top_k": 4,
+        "candidates.tree_budget": 60, "candidates.max_positions": 64,
+        "sam.n_predicts": 40, "sam.len_threshold": 5,
+    },
+}
+#: The name of the default starting point (the device defaults) where a preset name is expected.
+DEVICE_PRESET = "device"
+
+
+def preset_names() -> tuple[str, ...]:
+    return (DEVICE_PRESET, *PRESETS)
+
+
+def starting_settings(device_type: str, preset: str | None = None) -> dict[str, Any]:
+    """The settings a run starts from before the user's own: the device defaults (preset None or
+    "device") or a named preset from PRESETS, which replaces them. ConfigError for an unknown name."""
+    if preset is None or preset == DEVICE_PRESET:
+        return device_defaults(device_type)
+    if not isinstance(preset, str) or preset not in PRESETS:
+        raise ConfigError(f"unknown preset {preset!r}; choose one of {', '.join(preset_names())}")
+    return dict(PRESETS[preset])
+
+
 def flatten_settings(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """Nested settings -> dotted keys, aliases resolved:
     {"tree": {"depth": 4}, "theta_H": 1} -> {"tree.depth": 4, "trigger.theta_entropy": 1}."""
@@ -283,6 +360,15 @@ def flatten_settings(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any
             full = f"{prefix}{key}"
             out[ALIASES.get(full, full)] = value
     return out
+
+
+def coerce_setting(key: str, value: Any, label: str | None = None) -> Any:
+    """A setting's value as given on a command line or in a grid: names (STRING_SETTINGS, after
+    aliases) stay strings, everything else goes through `_coerce`."""
+    key = ALIASES.get(key, key)
+    if key in STRING_SETTINGS:
+        return value.strip() if isinstance(value, str) else value
+    return _coerce(label or key, value)
 
 
 def _coerce(key: str, value: Any) -> Any:

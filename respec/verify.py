@@ -20,7 +20,7 @@ p(x) under the current residual; a rejected x gets p(x) = 0 and p is renormalise
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Sequence
 
 import torch
 
@@ -158,60 +158,92 @@ def verify_sampling(tree: DraftTree, probs: torch.Tensor, generator: torch.Gener
         node = accepted
 
 
+def node_relaxable(mode: str, source: str, token: int, wanted: int, rank: int, gap: float, relax: RelaxConfig,
+                   no_relax_ids: frozenset[int] = frozenset()) -> bool:
+    """May this node ever be relaxed (before the path tests of `path_tolerates`)? Only a RETRIEVAL
+    node whose token and target top-1 (`wanted`) are both outside `no_relax_ids` (special and
+    digit-only tokens); under mode "lookahead" its rank must also be <= β and its log-prob gap to the
+    top-1 <= τ (Spec-Verification). "fly" and "shift" apply no β / τ test."""
+    if source != "retrieval" or token in no_relax_ids or wanted in no_relax_ids:
+        return False
+    if mode == "lookahead":
+        return rank <= relax.beta and gap <= relax.tau
+    return True
+
+
+def path_tolerates(mode: str, i: int, tokens: Sequence[int], wanted: Sequence[int], lookahead: int) -> bool:
+    """The path part of the rule for a mismatch at position i of one root-to-leaf path
+    (tokens[0] = the root, tokens[i] = d_i, wanted[i] = a_i, the target's top-1 at the node that
+    predicts d_i; m = len(tokens) - 1):
+    - every mode: the next w = `lookahead` draft tokens match exactly (i + w <= m and d_j == a_j for
+      j = i+1 .. i+w), so the last w tokens of a path can never be relaxed;
+    - "shift" also: i + 1 <= m and d_{i+1} == a_i (d_i is an extra token: the draft re-aligns with
+      what the target wanted at i one position later)."""
+    m = len(tokens) - 1
+    if i + lookahead > m or any(tokens[j] != wanted[j] for j in range(i + 1, i + lookahead + 1)):
+        return False
+    if mode == "shift":
+        return i + 1 <= m and tokens[i + 1] == wanted[i]
+    return True
+
+
+def walk_relaxed_path(tokens: Sequence[int], wanted: Sequence[int], relaxable: Sequence[bool],
+                      relax: RelaxConfig) -> tuple[int, tuple[int, ...]]:
+    """Walk one root-to-leaf path under the relaxed rule: at i = 1..m, an exact match continues; a
+    mismatch continues as a relaxed acceptance iff budget is left, `relaxable[i]` (node_relaxable)
+    and `path_tolerates(relax.mode, ...)`; else the walk stops. Returns (tokens accepted, the
+    positions i accepted by relaxation)."""
+    m = len(tokens) - 1
+    left = relax.budget
+    relaxed: list[int] = []
+    for i in range(1, m + 1):
+        if tokens[i] == wanted[i]:
+            continue
+        if not (left > 0 and relaxable[i] and path_tolerates(relax.mode, i, tokens, wanted, relax.lookahead)):
+            return i - 1, tuple(relaxed)
+        left -= 1
+        relaxed.append(i)
+    return m, tuple(relaxed)
+
+
 def verify_relaxed(tree: DraftTree, logits: torch.Tensor, relax: RelaxConfig,
                    no_relax_ids: frozenset[int] = frozenset(), stats: NodeStats | None = None) -> Verdict:
     """ReSpec's source-aware relaxed verification (ALGORITHMS.md §1.6), greedy only.
     logits: [n + 1, vocab]. On each root-to-leaf path x0 -> d_1 .. d_m, with z_i the logits of the
     node that predicts d_i and a_i = argmax z_i:
       strict(i)    := d_i == a_i
-      plausible(i) := d_i is a RETRIEVAL node, rank of d_i in z_i <= β, lp(a_i) - lp(d_i) <= τ,
-                      and neither d_i nor a_i is in `no_relax_ids` (special and digit-only tokens)
-      lookahead(i) := i + w <= m and strict(j) for j = i+1 .. i+w
-    Walk i = 1..m: strict -> continue; else relax (at most `budget` per path) if plausible and
-    lookahead -> continue; else stop. The path with the most accepted tokens wins; ties go to fewer
+      relaxable(i) := d_i is a RETRIEVAL node, neither d_i nor a_i is in `no_relax_ids` (special and
+                      digit-only tokens), and, under relax.mode "lookahead", rank of d_i in z_i <= β
+                      and lp(a_i) - lp(d_i) <= τ                          (node_relaxable)
+      tolerated(i) := i + w <= m and strict(j) for j = i+1 .. i+w; mode "shift" also d_{i+1} == a_i
+                                                                          (path_tolerates)
+    Walk i = 1..m: strict -> continue; else relax (at most `budget` per path) if relaxable and
+    tolerated -> continue; else stop. The path with the most accepted tokens wins; ties go to fewer
     relaxed acceptances, then to the earlier path. EAGLE nodes are only ever accepted strictly.
     With budget = 0 this is exactly `verify_strict`."""
-    top1 = logits.argmax(dim=-1)                                           # [n + 1]
-    top1_list = top1.tolist()
+    top1_list = logits.argmax(dim=-1).tolist()                             # [n + 1]
     tokens = tree.tokens
     n = tree.size
     stats = stats if stats is not None else node_target_stats(tree, logits)
-    rank, gap = stats.ranks, stats.gaps
-    strict = [tokens[i] == top1_list[tree.parents[i]] for i in range(n)]
-    strict[0] = True
-    plausible = [False] * n
-    rank_l, gap_l = rank.tolist(), gap.float().tolist()
-    for i in range(1, n):
-        plausible[i] = (tree.sources[i] == "retrieval" and rank_l[i] <= relax.beta and gap_l[i] <= relax.tau
-                        and tokens[i] not in no_relax_ids and top1_list[tree.parents[i]] not in no_relax_ids)
+    rank_l, gap_l = stats.ranks.tolist(), stats.gaps.float().tolist()
+    wanted = [top1_list[max(p, 0)] for p in tree.parents]                  # a_i of every node
+    relaxable = [False] + [node_relaxable(relax.mode, tree.sources[i], tokens[i], wanted[i], rank_l[i], gap_l[i],
+                                          relax, no_relax_ids) for i in range(1, n)]
     best: tuple[int, int, tuple[int, ...], tuple[int, ...]] | None = None   # (acc, -relaxed, path, relaxed)
     for leaf in tree.leaves():
         full = tree.path_to(leaf)
-        m = len(full) - 1
-        left = relax.budget
-        walked = [0]
-        relaxed: list[int] = []
-        for i in range(1, m + 1):
-            node = full[i]
-            if strict[node]:
-                walked.append(node)
-                continue
-            ok = (left > 0 and plausible[node] and i + relax.lookahead <= m
-                  and all(strict[full[j]] for j in range(i + 1, i + relax.lookahead + 1)))
-            if not ok:
-                break
-            left -= 1
-            relaxed.append(node)
-            walked.append(node)
-        key = (len(walked) - 1, -len(relaxed))
+        acc, rel = walk_relaxed_path([tokens[v] for v in full], [wanted[v] for v in full],
+                                     [relaxable[v] for v in full], relax)
+        key = (acc, -len(rel))
         if best is None or key > (best[0], best[1]):
-            best = (key[0], key[1], tuple(walked), tuple(relaxed))
+            best = (key[0], key[1], tuple(full[:acc + 1]), tuple(full[i] for i in rel))
     _, _, path, relaxed_nodes = best
     status = ["unvisited"] * n
     on_path = set(path)
+    children = tree.children()
     for node in path:
         status[node] = "accepted"
-        for c in tree.children()[node]:
+        for c in children[node]:
             if c not in on_path:
                 status[c] = "rejected"
     for node in relaxed_nodes:

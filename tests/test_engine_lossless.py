@@ -29,7 +29,8 @@ def test_oracle_tree_drafters_are_lossless(tiny_target, prompt, mode):
 
 
 @pytest.mark.parametrize("prompt", PROMPTS.values(), ids=PROMPTS.keys())
-@pytest.mark.parametrize("method", ["eagle2", "sam", "respec-strict", "respec", "respec-no-trigger", "respec-no-ema"])
+@pytest.mark.parametrize("method", ["eagle2", "sam", "respec-strict", "respec", "respec-no-gate",
+                                    "respec-no-feedback", "respec-no-model", "respec-no-trigger", "respec-no-ema"])
 @pytest.mark.parametrize("tree", [(10, 5, 60, False), (3, 2, 8, False), (1, 0, 1, False), (4, 3, 16, True)],
                          ids=["paper", "small", "none", "auto"])
 def test_strict_methods_equal_vanilla(tiny_target, prompt, method, tree):

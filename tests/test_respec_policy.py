@@ -83,13 +83,45 @@ def test_ema_updates_and_inheritance_through_the_engine():
     assert r.tokens == run(target, "vanilla", prompt, max_new_tokens=40).tokens
     retrieval = [s for s in r.steps if s.source == "retrieval"]
     assert retrieval, "Retrieval must fire on repeated text."
+    counted = 0
     for s in retrieval:
+        accepted_path = [s.tree.tokens[n] for n in s.verdict.path[1:]]
+        best = 0
         for c in s.candidates:
-            if c.get("proposed"):
-                want = 0.7 * c["score_before"] + 0.3 * c["accepted"] / c["proposed"]
+            if "draft" not in c:
+                continue
+            # independent recount: proposed = the deepest trie node whose root path spells a prefix of
+            # the candidate's draft; accepted = that prefix's agreement with the verified path
+            proposed = _deepest_prefix_in_tree(s.tree, c["draft"])
+            accepted = _common(c["draft"][:proposed], accepted_path)
+            assert c.get("proposed", 0) == proposed, f"step {s.step}: proposed count of e={c['end_pos']}"
+            if proposed:
+                assert c["accepted"] == accepted, f"step {s.step}: accepted count of e={c['end_pos']}"
+                want = 0.7 * c["score_before"] + 0.3 * accepted / proposed
                 assert c["score_after"] == pytest.approx(want), "EMA update S <- (1-α)S + αR."
+                counted += 1
+                best = max(best, accepted)
+        assert best == s.num_accepted, "every accepted trie node lies on some candidate's draft"
+    assert counted and any(c.get("accepted") for s in retrieval for c in s.candidates), \
+        "the run must exercise accepted retrieval drafts"
     inherited = [c for s in retrieval for c in s.candidates if c["inherited_from"] is not None]
     assert inherited, "A position continuing an accepted span must inherit its predecessor's score."
+
+
+def _deepest_prefix_in_tree(tree, draft) -> int:
+    best = 0
+    for v in range(1, tree.size):
+        path = [tree.tokens[u] for u in tree.path_to(v)[1:]]
+        if path == list(draft[:len(path)]):
+            best = max(best, len(path))
+    return best
+
+
+def _common(a, b) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
 
 
 def test_relaxed_budget_never_exceeded_and_specials_never_relaxed():
@@ -100,6 +132,8 @@ def test_relaxed_budget_never_exceeded_and_specials_never_relaxed():
         r = run(target, "respec", prompt, max_new_tokens=40,
                 **{"trigger.theta_entropy": 20.0, "relax.budget": budget, "relax.beta": 128, "relax.tau": 50.0,
                    "relax.lookahead": 1, "candidates.min_match": 2})
+        assert r.stats.relaxed_tokens > 0, f"budget {budget}: the run must relax something, or nothing is tested"
+        assert r.stats.relaxed_tokens == sum(s.verdict.num_relaxed for s in r.steps)
         for s in r.steps:
             assert s.verdict.num_relaxed <= budget, "Relaxed acceptances per step must respect the budget."
             for node, st in enumerate(s.verdict.node_status):

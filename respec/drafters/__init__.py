@@ -1,7 +1,9 @@
 """Drafter registry: method name -> drafter instance for a loaded target.
 
 `make_drafter(method, target, config, head=None)` builds the drafter of a method. EAGLE-based
-methods use `head` if given, else a seeded random head (lossless but accepts little).
+methods use `head` if given, else a seeded random head (lossless but accepts little). The ReSpec
+family (respec, respec-strict and the ablations) is one drafter with the parts of its method's
+`respec.drafters.respec.VARIANTS` entry; respec-no-model builds no EAGLE drafter.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ __all__ = ["Decision", "DraftContext", "Drafter", "Proposal", "StepOutcome", "ma
 
 def make_drafter(method: str, target, config: EngineConfig, head=None) -> Drafter:
     from respec.drafters.eagle2 import Eagle2Drafter, random_head
-    from respec.drafters.respec import ReSpecDrafter
+    from respec.drafters.respec import VARIANTS, ReSpecDrafter
     from respec.drafters.sam import SamDrafter
     from respec.drafters.vanilla import VanillaDrafter
 
@@ -22,11 +24,14 @@ def make_drafter(method: str, target, config: EngineConfig, head=None) -> Drafte
         raise ConfigError(f"method {method!r} is not available; choose one of {', '.join(IMPLEMENTED_METHODS)}")
     if method == "vanilla":
         return VanillaDrafter()
+    variant = VARIANTS.get(method)
+    if variant is not None and not variant.fallback:       # retrieval only: no EAGLE head at all
+        return ReSpecDrafter(None, config, variant=variant, name=method, stop_token_ids=target.eos_token_ids)
     eagle = Eagle2Drafter(target, head if head is not None else random_head(target), config.tree)
     if method == "eagle2":
         return eagle
     if method == "sam":
         return SamDrafter(eagle, config.sam, stop_token_ids=target.eos_token_ids)
-    return ReSpecDrafter(eagle, config, name=method, stop_token_ids=target.eos_token_ids,
-                         trigger="match" if method == "respec-no-trigger" else "entropy",
-                         ema=method != "respec-no-ema")
+    if variant is None:
+        raise ConfigError(f"method {method!r} has no drafter")
+    return ReSpecDrafter(eagle, config, variant=variant, name=method, stop_token_ids=target.eos_token_ids)

@@ -10,10 +10,16 @@ its most probable nodes (continuation rate x candidate scores, see `_trie`), as 
 model says pay (tree.auto) or the trie budget holds. The inner EAGLE-2
 drafter is kept in sync on every step (catch-up), whichever source drafted.
 
-Variants (the ablations of §1.8):
-- `trigger="entropy"` (ReSpec) or `"match"` (SAM-Decoding's rule: match length >= sam.len_threshold);
-- `ema=True` (all positions, EMA-ranked, top-K) or `False` (the earliest occurrence only, K = 1,
-  draft length L_max, no score filter).
+Variants (`Variant`, one per method in `VARIANTS`; the ablations remove one part each):
+- `trigger`: "entropy" (ReSpec's gate), "off" (no gate: retrieve whenever a match >= L_min exists;
+  the gate's would-be outcome is kept in the decision's extra) or "match" (legacy
+  respec-no-trigger: SAM-Decoding's rule, match length >= sam.len_threshold);
+- `selection`: "ema" (all positions, S >= θ_score, top-K by EMA score), "recency" (no feedback:
+  the same positions and K, ranked by match length then recency, every score fixed at S0, so
+  lengths are round(L_max · S0), no score filter, no EMA update, no inheritance) or "earliest"
+  (legacy respec-no-ema: the earliest occurrence only, K = 1, length L_max, no score);
+- `fallback`: True (EAGLE-2 drafts when retrieval does not) or False (retrieval only: a root-only
+  step instead; no EAGLE head is built or kept in sync).
 Letters: l (window), λ_e, θ_H, α, S0, θ_score, K, L_max, L_min as in ALGORITHMS.md.
 """
 from __future__ import annotations
@@ -33,6 +39,33 @@ from respec.retrieval import NgramPositionIndex, SuffixAutomaton
 from respec.tree import DraftTree
 
 QUERY_TAIL = 40          # tokens of hist + [root] handed to the position index (> its cap of 32)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """Which parts of ReSpec a method keeps (see the module docstring)."""
+    trigger: str = "entropy"      # "entropy" | "off" | "match"
+    selection: str = "ema"        # "ema" | "recency" | "earliest"
+    fallback: bool = True         # EAGLE-2 when retrieval does not draft; False = a root-only step
+
+    def __post_init__(self) -> None:
+        if self.trigger not in ("entropy", "off", "match"):
+            raise ValueError(f"unknown trigger {self.trigger!r}")
+        if self.selection not in ("ema", "recency", "earliest"):
+            raise ValueError(f"unknown selection {self.selection!r}")
+
+
+#: The ReSpec family: method -> the parts it keeps. respec-strict differs from respec only in
+#: verification (it is not in RELAXED_METHODS), so it drafts like respec.
+VARIANTS: dict[str, Variant] = {
+    "respec": Variant(),
+    "respec-strict": Variant(),
+    "respec-no-gate": Variant(trigger="off"),
+    "respec-no-feedback": Variant(selection="recency"),
+    "respec-no-model": Variant(fallback=False),
+    "respec-no-trigger": Variant(trigger="match"),            # legacy
+    "respec-no-ema": Variant(selection="earliest"),           # legacy
+}
 
 
 # ---------------------------------------------------------------------------- pure pieces
@@ -74,19 +107,19 @@ def draft_length(l_max: int, score: float) -> int:
 
 # ---------------------------------------------------------------------------- the drafter
 class ReSpecDrafter:
-    needs_hidden = True
-
-    def __init__(self, eagle: Eagle2Drafter, config: EngineConfig, *, trigger: str = "entropy", ema: bool = True,
+    def __init__(self, eagle: Eagle2Drafter | None, config: EngineConfig, *, variant: Variant = Variant(),
                  stop_token_ids: frozenset[int] = frozenset(), name: str = "respec") -> None:
-        if trigger not in ("entropy", "match"):
-            raise ValueError(f"unknown trigger {trigger!r}")
+        if variant.fallback and eagle is None:
+            raise ValueError("a ReSpec variant with the model fallback needs an EAGLE-2 drafter")
         self.name = name
-        self.eagle = eagle
+        self.eagle = eagle if variant.fallback else None
+        self.needs_hidden = self.eagle is not None     # target features only feed the EAGLE catch-up
         self.trigger_cfg: TriggerConfig = config.trigger
         self.cand_cfg: CandidateConfig = config.candidates
         self.sam_threshold = config.sam.len_threshold
-        self.trigger = trigger
-        self.ema = ema
+        self.variant = variant
+        self.trigger = variant.trigger
+        self.selection = variant.selection
         self.stop = frozenset(stop_token_ids)
         self._init_state()
 
@@ -103,7 +136,8 @@ class ReSpecDrafter:
         self._init_state()
         self.sam.extend(prompt)
         self.index.extend(prompt)
-        self.eagle.reset(prompt, prompt_hidden)
+        if self.eagle is not None:
+            self.eagle.reset(prompt, prompt_hidden)
 
     # -- 1. WHEN -------------------------------------------------------------------------------
     def _when(self, ctx: DraftContext, match: int) -> tuple[bool, Decision]:
@@ -112,6 +146,13 @@ class ReSpecDrafter:
             return fired, Decision(source="", match_len=match, fired=fired,
                                    reason=f"match {match} {'≥' if fired else '<'} {self.sam_threshold}")
         t = entropy_trigger(ctx.entropies, self.trigger_cfg)
+        if self.trigger == "off":        # ablation: no gate; what the gate would have done is kept
+            would = "would fire" if t.fired else "would not fire"
+            return True, Decision(source="", match_len=match, fired=True,
+                                  reason=f"no entropy gate (ablation; H̄{t.k_star}={t.mean_entropy:.2f} {would} "
+                                         f"at θ_H={self.trigger_cfg.theta_entropy:g})",
+                                  extra={"gate": "off", "gate_would_fire": t.fired,
+                                         "gate_mean_entropy": t.mean_entropy, "trigger_scores": list(t.scores)})
         rel = "≤" if t.fired else ">"
         reason = f"H̄{t.k_star}={t.mean_entropy:.2f} {rel} θ_H={self.trigger_cfg.theta_entropy:g}"
         return t.fired, Decision(source="", match_len=match, fired=t.fired, window=t.window, k_star=t.k_star,
@@ -122,7 +163,7 @@ class ReSpecDrafter:
     def _candidates(self, ctx: DraftContext, match: int) -> list[dict]:
         c = self.cand_cfg
         hist = ctx.tokens
-        if not self.ema:     # ablation: SAM's earliest occurrence only, no score
+        if self.selection == "earliest":     # legacy ablation: SAM's earliest occurrence only, no score
             cont = self.sam.earliest_continuation(ctx.root, c.l_max)
             if not cont.tokens:
                 return []
@@ -131,6 +172,13 @@ class ReSpecDrafter:
         tail = list(hist[-QUERY_TAIL:]) + [ctx.root]
         found = self.index.positions(tail, min_match=c.min_match, max_n=c.max_positions,
                                      max_examined=c.max_positions)
+        if self.selection == "recency":      # ablation: no feedback, every score stays S0, no filter
+            out = [{"end_pos": mp.end, "match_len": mp.match_length, "inherited_from": None,
+                    "score_before": c.s0, "qualified": True} for mp in found]
+            chosen = sorted(out, key=lambda x: (x["match_len"], x["end_pos"]), reverse=True)[:c.top_k]
+            for x in chosen:
+                x["draft"] = list(hist[x["end_pos"] + 1:x["end_pos"] + 1 + draft_length(c.l_max, c.s0)])
+            return [x for x in chosen if x["draft"]] + [x for x in out if x not in chosen]
         out = []
         for mp in found:
             e = mp.end
@@ -190,10 +238,11 @@ class ReSpecDrafter:
         fired, dec = self._when(ctx, match)
         cands: list[dict] = []
         tree = None
+        other = "EAGLE-2" if self.eagle is not None else "no draft (no model fallback)"
         if not fired:
-            why = f"{dec.reason} → EAGLE-2 (trigger off)"
+            why = f"{dec.reason} → {other} (trigger off)"
         elif match < self.cand_cfg.min_match:
-            why = f"{dec.reason}; match {match} < L_min={self.cand_cfg.min_match} → EAGLE-2"
+            why = f"{dec.reason}; match {match} < L_min={self.cand_cfg.min_match} → {other}"
         else:
             cands = self._candidates(ctx, match)
             chosen = [x for x in cands if "draft" in x]
@@ -213,10 +262,10 @@ class ReSpecDrafter:
             elif chosen or plan is not None:
                 why = (f"{dec.reason}; match {match}; {len(cands)} positions, {n_q} with S ≥ "
                        f"θ_score={self.cand_cfg.theta_score:g}, but no retrieved draft pays "
-                       f"(continuation {rate:.2f}) → EAGLE-2 fallback")
+                       f"(continuation {rate:.2f}) → {other}" + (" fallback" if self.eagle is not None else ""))
             else:
                 why = (f"{dec.reason}; match {match}; {len(cands)} positions, none with S ≥ "
-                       f"θ_score={self.cand_cfg.theta_score:g} → EAGLE-2 fallback")
+                       f"θ_score={self.cand_cfg.theta_score:g} → {other}" + (" fallback" if self.eagle is not None else ""))
         if tree is not None:
             self._last = [x for x in cands if x.get("proposed", 0) > 0]
             self._last_match = match
@@ -225,6 +274,11 @@ class ReSpecDrafter:
                                            extra={**dec.extra, "candidates_found": len(cands), **cost})
             return Proposal(tree=tree, source="retrieval", decision=decision, candidates=tuple(cands))
         self._last = None
+        if self.eagle is None:           # ablation: retrieval only, a plain decoding step instead
+            decision = dataclasses.replace(dec, source="none", reason=why,
+                                           extra={**dec.extra, "candidates_found": len(cands)})
+            return Proposal(tree=DraftTree.root_only(ctx.root), source="none", decision=decision,
+                            candidates=tuple(cands))
         tree = self.eagle.draft_tree(ctx.tokens, ctx.root, capped_tree_config(self.eagle.tree_cfg, ctx.max_nodes),
                                      ctx.cost)
         auto = self.eagle.last_auto
@@ -243,12 +297,13 @@ class ReSpecDrafter:
             alpha = self.cand_cfg.alpha
             for x in outcome.proposal.candidates:
                 if x.get("proposed", 0) <= 0:
-                    x["accepted"], x["score_after"] = 0, x["score_before"]
+                    x["accepted"] = 0
+                    x["score_after"] = x["score_before"] if self.selection == "ema" else None
                     continue
                 a = _common_prefix(x["draft"][:x["proposed"]], accepted)
                 x["accepted"] = a
                 e = x["end_pos"]
-                if self.ema:
+                if self.selection == "ema":
                     self.scores[e] = ema_update(self.scores[e], a / x["proposed"], alpha)
                     x["score_after"] = self.scores[e]
                     self.pred_of[e + a + 1] = e
@@ -261,7 +316,8 @@ class ReSpecDrafter:
         self._last_match = None
         self.sam.extend(outcome.committed)
         self.index.extend(outcome.committed)
-        self.eagle.observe(outcome)
+        if self.eagle is not None:
+            self.eagle.observe(outcome)
         return records
 
 
