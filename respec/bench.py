@@ -2,12 +2,17 @@
 
 Contract (ALGORITHMS.md §6): greedy, batch 1, chat template of the target, multi-turn questions
 run turn by turn (turn 2 follows the method's own turn-1 answer). MT-bench's eight subcategories are
-grouped as `mt_bench`. Per question and method one record goes to `DIR/results.jsonl` (appended and
-flushed as it completes, so an interrupted run keeps every finished record); `DIR/summary.csv` is
-written at the end through a temporary file and an atomic rename.
+grouped as `mt_bench`. Per question, method and repeat (`repeats` runs of everything, repeat 0
+first; the record's `repeat` field, 0-based, absent in older files and read as 0) one record goes to
+`DIR/results.jsonl` (appended and flushed as it completes, so an interrupted run keeps every
+finished record); `DIR/summary.csv` is written at the end through a temporary file and an atomic
+rename.
 
 Metrics: per-question speed = new tokens / wall seconds; `tokens_per_s` is the mean of those;
-`speedup_vs_vanilla` is a ratio of means (Spec-Bench's speed.py); `mean_accepted` = committed
+`speedup_vs_vanilla` is a ratio of means over every repeat (Spec-Bench's speed.py); with several
+repeats, `speedup_std` / `speedup_min` / `speedup_max` give the spread of the per-repeat speedups
+(each repeat's mean tokens/s over vanilla's in the same repeat; sample std, NaN for one repeat);
+`mean_accepted` = committed
 tokens per target forward over all steps of all questions (includes the bonus token);
 `exact_match_rate` = share of questions whose tokens equal vanilla's; `lossless_rate` = share that
 equal vanilla or first diverge where vanilla's top-1/top-2 logit gap is within the rounding
@@ -234,6 +239,15 @@ def _run_identity(runner, base: EngineConfig) -> dict[str, Any]:
             "eagle_head": getattr(runner, "head_info", None), "config": base.to_dict()}
 
 
+def _with_current_defaults(identity: Any) -> Any:
+    """An earlier run.json with its config completed by settings added since (e.g. relax.mode), so a
+    folder written before a new setting existed still resumes when the run is otherwise the same."""
+    try:
+        return {**identity, "config": EngineConfig.from_dict(identity["config"]).to_dict()}
+    except (RespecError, KeyError, TypeError):
+        return identity
+
+
 def _resume_records(out_dir: Path, identity: dict[str, Any], fresh: bool,
                     results_name: str = RESULTS_FILE) -> list[dict]:
     """Finished records of an earlier, identical run in out_dir (none with `fresh`). Raises
@@ -245,7 +259,7 @@ def _resume_records(out_dir: Path, identity: dict[str, Any], fresh: bool,
         earlier = json.loads(run_file.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
         earlier = None
-    if earlier != json.loads(json.dumps(identity, default=str)):
+    if _with_current_defaults(earlier) != json.loads(json.dumps(identity, default=str)):
         raise RespecError(f"{out_dir} holds results of another run (other settings, model or EAGLE head); "
                           f"pass --fresh to start over there, or choose another --out")
     records = []
@@ -274,28 +288,34 @@ def compare_to_vanilla(rec: dict, ref: dict, tol: float) -> dict:
 
 def run_bench(runner, questions: list[Question], methods: list[str], base: EngineConfig, out_dir: str | Path,
               progress: bool = True, fresh: bool = False, on_record: Callable[[dict], None] | None = None,
-              should_stop: Callable[[], bool] | None = None, guard: Callable[[], Any] | None = None) -> "pandas.DataFrame":
-    """Run every (question, method), vanilla first per question; append each record to
-    results.jsonl as it completes (and hand it to `on_record`). Rerunning into the same out_dir
-    skips finished records (the run's model, head and settings must be the same: run.json); `fresh`
-    starts over. `should_stop()` is checked before every record: True ends the run early (the
+              should_stop: Callable[[], bool] | None = None, guard: Callable[[], Any] | None = None,
+              repeats: int = 1) -> "pandas.DataFrame":
+    """Run every (question, method) `repeats` times (repeat by repeat, so slow drifts of the machine
+    spread over all methods), vanilla first per question; each record carries its `repeat` and is
+    compared to vanilla's record of the same repeat. Append each record to results.jsonl as it
+    completes (and hand it to `on_record`). Rerunning into the same out_dir skips finished records
+    (the run's model, head and settings must be the same: run.json; a larger `repeats` adds the
+    missing repeats); `fresh` starts over. `should_stop()` is checked before every record: True ends the run early (the
     reports then cover what finished). Each record runs inside `guard()` (a context manager, e.g.
     a lock that keeps other users off a shared model). Writes summary.csv, summary.md, speedup.html and
     acceptance.html at the end (`write_reports`)."""
     import pandas as pd
     from tqdm import tqdm
 
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ConfigError(f"repeats must be an integer >= 1, got {repeats!r}")
     out_dir = Path(out_dir)
     methods = ["vanilla"] + [m for m in methods if m != "vanilla"]
     identity = _run_identity(runner, base)
     done = _resume_records(out_dir, identity, fresh)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / RUN_FILE).write_text(json.dumps(identity, indent=1), encoding="utf-8")
-    by_key = {(r["question_id"], r["method"]): r for r in done}
+    by_key = {(r["question_id"], r["method"], r.setdefault("repeat", 0)): r for r in done}
     tol = gap_tolerance(str(runner.target.dtype))
     engine = [m for m in methods if m not in PEERS]
     lossy = [m for m in engine if not is_lossless(base.with_overrides({"method": m}))]
-    todo = [(q, m) for q in questions for m in methods if (q.question_id, m) not in by_key]
+    todo = [(q, m, k) for k in range(repeats) for q in questions for m in methods
+            if (q.question_id, m, k) not in by_key]
     # Warm-up (Spec-Bench runs the first question before timing): one short run per method.
     if todo:
         for m in methods:
@@ -307,27 +327,30 @@ def run_bench(runner, questions: list[Question], methods: list[str], base: Engin
     # the kept records, rewritten atomically (drops a line cut by an interruption); new ones append
     _atomic_text(out_dir / RESULTS_FILE, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in done))
     with (out_dir / RESULTS_FILE).open("a", encoding="utf-8") as fh, \
-            tqdm(total=len(questions) * len(methods), initial=len(questions) * len(methods) - len(todo),
+            tqdm(total=repeats * len(questions) * len(methods), initial=repeats * len(questions) * len(methods) - len(todo),
                  desc="bench", unit="run", disable=not progress, file=sys.stderr) as bar:
         sink = RecordSink(fh, bar, on_record)
-        for q in questions:
-            for m in methods:
-                rec = by_key.get((q.question_id, m))
-                if rec is None:
-                    if should_stop is not None and should_stop():
-                        break
-                    bar.set_postfix_str(f"q{q.question_id} {q.category} {m}")
-                    with (guard or contextlib.nullcontext)():
-                        if m in PEERS:
-                            rec = run_peer_question(runner, q, m, base.max_new_tokens)
-                        else:
-                            rec = run_question(runner, q, base.with_overrides({"method": m}),
-                                               score_nll=bool(lossy) and (m == "vanilla" or m in lossy),
-                                               keep_margins=m == "vanilla")
-                    rec = compare_to_vanilla(rec, rec if m == "vanilla" else by_key[(q.question_id, "vanilla")], tol)
-                    by_key[(q.question_id, m)] = rec
-                    sink.add(rec)
-                records.append(rec)
+        for k in range(repeats):
+            for q in questions:
+                for m in methods:
+                    rec = by_key.get((q.question_id, m, k))
+                    if rec is None:
+                        if should_stop is not None and should_stop():
+                            break
+                        bar.set_postfix_str(f"q{q.question_id} {q.category} {m}" + (f" #{k + 1}" if repeats > 1 else ""))
+                        with (guard or contextlib.nullcontext)():
+                            if m in PEERS:
+                                rec = run_peer_question(runner, q, m, base.max_new_tokens)
+                            else:
+                                rec = run_question(runner, q, base.with_overrides({"method": m}),
+                                                   score_nll=bool(lossy) and (m == "vanilla" or m in lossy),
+                                                   keep_margins=m == "vanilla")
+                        rec["repeat"] = k
+                        ref = rec if m == "vanilla" else by_key[(q.question_id, "vanilla", k)]
+                        rec = compare_to_vanilla(rec, ref, tol)
+                        by_key[(q.question_id, m, k)] = rec
+                        sink.add(rec)
+                    records.append(rec)
     df = pd.DataFrame(records)
     summary = summarize(df)
     write_reports(summary, df, out_dir)
@@ -382,6 +405,13 @@ def bench_figures(summary: "pandas.DataFrame", records: "pandas.DataFrame") -> d
     speed.update_layout(title="Speedup over vanilla (ratio of mean tokens/s)", barmode="group",
                         yaxis_title="speedup", xaxis_title="category", template="plotly_white")
     speed.add_hline(y=1.0, line_dash="dot", line_color="gray")
+    if "speedup_min" in summary and (summary.get("repeats", 1) > 1).any():
+        for trace, method in zip(speed.data, dict.fromkeys(summary.method)):
+            part = summary[summary.method == method]
+            trace.error_y = dict(type="data", symmetric=False,
+                                 array=list((part.speedup_max - part.speedup_vs_vanilla).fillna(0)),
+                                 arrayminus=list((part.speedup_vs_vanilla - part.speedup_min).fillna(0)))
+        speed.update_layout(title="Speedup over vanilla (ratio of mean tokens/s; bars span the per-repeat min-max)")
     acc = go.Figure()
     if "accept_hist" in records:
         for method, g in records.groupby("method", sort=False):
@@ -398,20 +428,37 @@ def bench_figures(summary: "pandas.DataFrame", records: "pandas.DataFrame") -> d
     return {"speedup": speed, "acceptance": acc}
 
 
+def repeat_speedups(g: "pandas.DataFrame", vanilla: "pandas.DataFrame") -> list[float]:
+    """Per repeat present in both: mean tokens/s of `g`'s records over vanilla's of that repeat."""
+    van = vanilla.groupby("repeat").tokens_per_s.mean()
+    per = g.groupby("repeat").tokens_per_s.mean()
+    return [float(per[k] / van[k]) for k in per.index if k in van.index and van[k] > 0]
+
+
 def summarize(df: "pandas.DataFrame") -> "pandas.DataFrame":
-    """Per-category and overall rows per method (Spec-Bench speed.py conventions)."""
+    """Per-category and overall rows per method (Spec-Bench speed.py conventions). `questions`
+    counts distinct questions; `repeats` the repeats seen; `speedup_std` (sample std, NaN for one
+    repeat), `speedup_min`, `speedup_max` spread the per-repeat speedups (`repeat_speedups`)."""
     import pandas as pd
 
+    df = df.assign(repeat=df["repeat"].fillna(0).astype(int) if "repeat" in df else 0)
     rows = []
     vanilla_speed: dict[str, float] = {}
     groups = [(c, df[df.category == c]) for c in [c for c in CATEGORIES if c in set(df.category)]]
     groups.append(("overall", df))
     for cat, part in groups:
+        vanilla = part[part.method == "vanilla"]
         for method, g in part.groupby("method", sort=False):
             speed = float(g.tokens_per_s.mean())
             if method == "vanilla":
                 vanilla_speed[cat] = speed
-            rows.append({"category": cat, "method": method, "questions": len(g), "tokens_per_s": speed,
+            per = repeat_speedups(g, vanilla)
+            spread = {"repeats": int(g.repeat.nunique()),
+                      "speedup_std": float(pd.Series(per).std(ddof=1)) if len(per) > 1 else float("nan"),
+                      "speedup_min": min(per) if per else float("nan"),
+                      "speedup_max": max(per) if per else float("nan")}
+            rows.append({"category": cat, "method": method, "questions": int(g.question_id.nunique()),
+                         "tokens_per_s": speed,
                          "mean_accepted": float(g.committed.sum() / g.steps.sum()) if g.steps.sum() else 1.0,
                          "exact_match_rate": float(g.matches_vanilla.mean()),
                          "lossless_rate": float(g.lossless.mean()),
@@ -419,7 +466,8 @@ def summarize(df: "pandas.DataFrame") -> "pandas.DataFrame":
                          "nll_ratio": float(g.nll_ratio.dropna().mean()) if g.nll_ratio.notna().any() else float("nan"),
                          "retrieval_step_share": float(g.retrieval_steps.sum() / g.steps.sum()) if g.steps.sum() else 0.0,
                          "trigger_rate": float(g.trigger_fired.sum() / g.steps.sum()) if g.steps.sum() else 0.0,
-                         "relaxed_per_token": float(g.relaxed_tokens.sum() / g.new_tokens.sum()) if g.new_tokens.sum() else 0.0})
+                         "relaxed_per_token": float(g.relaxed_tokens.sum() / g.new_tokens.sum()) if g.new_tokens.sum() else 0.0,
+                         **spread})
     out = pd.DataFrame(rows)
     out.insert(4, "speedup_vs_vanilla", [r["tokens_per_s"] / vanilla_speed[r["category"]]
                                          if vanilla_speed.get(r["category"]) else float("nan") for r in rows])
@@ -432,24 +480,45 @@ SUMMARY_COLUMNS = {"questions": "{:.0f}", "tokens_per_s": "{:.1f}", "speedup_vs_
                    "trigger_rate": "{:.2f}", "relaxed_per_token": "{:.3f}"}
 
 
+def _repeated(summary: "pandas.DataFrame") -> bool:
+    return "repeats" in summary and bool((summary.repeats > 1).any())
+
+
+def spread_text(row) -> str:
+    """"±std [min–max]" of a summary row's per-repeat speedups ("" for one repeat)."""
+    if row.get("repeats", 1) <= 1 or row.get("speedup_min") != row.get("speedup_min"):
+        return ""
+    std = row["speedup_std"]
+    return (f"±{std:.2f} " if std == std else "") + f"[{row['speedup_min']:.2f}–{row['speedup_max']:.2f}]"
+
+
 def speedup_matrix_markdown(summary: "pandas.DataFrame") -> str:
-    """Categories x methods: speedup over vanilla with the mean accepted length in brackets."""
+    """Categories x methods: speedup over vanilla with the mean accepted length in brackets (and,
+    with several repeats, the per-repeat spread: ±std [min–max])."""
+    repeated = _repeated(summary)
     methods = list(dict.fromkeys(summary.method))
     lines = ["| category | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
     for cat in dict.fromkeys(summary.category):
         cells = []
         for m in methods:
             r = summary[(summary.category == cat) & (summary.method == m)]
-            cells.append("" if r.empty else f"{r.iloc[0].speedup_vs_vanilla:.2f}x ({r.iloc[0].mean_accepted:.2f})")
+            spread = "" if r.empty or not repeated else " " + spread_text(r.iloc[0])
+            cells.append("" if r.empty else f"{r.iloc[0].speedup_vs_vanilla:.2f}x{spread.rstrip()} "
+                                            f"({r.iloc[0].mean_accepted:.2f})")
         lines.append(f"| {cat} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def summary_table_markdown(summary: "pandas.DataFrame") -> str:
-    """Every summary column, one row per (category, method)."""
+    """Every summary column, one row per (category, method); with several repeats, also `repeats`
+    and `speedup_spread` (±std [min–max] of the per-repeat speedups)."""
     cols = list(SUMMARY_COLUMNS)
-    lines = ["| category | method | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols)]
+    repeated = _repeated(summary)
+    extra = ["repeats", "speedup_spread"] if repeated else []
+    lines = ["| category | method | " + " | ".join(cols + extra) + " |", "|---|---|" + "---|" * len(cols + extra)]
     for _, r in summary.iterrows():
         cells = [r.category, r.method] + ["" if r[c] != r[c] else SUMMARY_COLUMNS[c].format(r[c]) for c in cols]
+        if repeated:
+            cells += [f"{r.repeats:.0f}", spread_text(r)]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines)

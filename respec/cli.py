@@ -16,8 +16,9 @@ from respec.errors import ConfigError, RespecError
 
 
 def _overrides(args) -> dict:
-    """User settings from --max-new-tokens / --method / --set, validated against the defaults."""
-    from respec.config import EngineConfig
+    """User settings from --max-new-tokens / --method / --set, validated (with --preset's values
+    under them) before any model is loaded."""
+    from respec.config import EngineConfig, starting_settings
     overrides = {}
     for item in args.set or []:
         key, sep, value = item.partition("=")
@@ -28,8 +29,25 @@ def _overrides(args) -> dict:
     if getattr(args, "method", None):
         base["method"] = args.method
     merged = {**base, **overrides}
-    EngineConfig().with_overrides(merged)      # fail fast, before any model is loaded
+    # fail fast, before any model is loaded (an unknown --preset too)
+    EngineConfig().with_overrides({**starting_settings("cpu", getattr(args, "preset", None)), **merged})
     return merged
+
+
+def _config(runner, args, overrides: dict):
+    """The run's EngineConfig: the device defaults (runner.config) or, with `--preset NAME`, that
+    preset instead of them (respec.config.PRESETS); the user's --set / --max-new-tokens / --method win."""
+    from respec.config import DEVICE_PRESET, EngineConfig, starting_settings
+    preset = getattr(args, "preset", None)
+    if preset in (None, DEVICE_PRESET):
+        return runner.config(overrides)
+    return EngineConfig().with_overrides({**starting_settings(runner.target.device.type, preset), **overrides})
+
+
+def _preset_label(args) -> str:
+    from respec.config import DEVICE_PRESET
+    preset = getattr(args, "preset", None) or DEVICE_PRESET
+    return "device defaults" if preset == DEVICE_PRESET else f"preset {preset}"
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -64,8 +82,9 @@ def cmd_generate(args) -> int:
     parse_methods(args.method)
     overrides = _overrides(args)
     runner = _runner(args)
-    config = runner.config(overrides)
+    config = _config(runner, args, overrides)
     result = runner.generate(args.prompt, config, chat=not args.no_chat)
+    result.meta["preset"] = getattr(args, "preset", None) or "device"
     st = result.stats
     print(result.text)
     print(f"\n[{config.method}] {st.new_tokens} tokens in {st.wall_time_s:.2f} s = {st.tokens_per_s:.1f} tok/s; "
@@ -90,14 +109,16 @@ def cmd_bench(args) -> int:
     from respec.bench import parse_bench_methods, run_bench, speedup_matrix_markdown, summary_table_markdown
 
     methods = parse_bench_methods(args.methods)
+    if args.repeats < 1:
+        raise ConfigError(f"--repeats must be >= 1, got {args.repeats}")
     overrides = _overrides(args)
     questions = _questions(args)
     runner = _runner(args)
-    config = runner.config(overrides)
-    print(f"{len(questions)} questions x {len(set(methods) | {'vanilla'})} methods; "
-          f"model {args.model} on {runner.target.device} ({runner.target.dtype}); EAGLE head: {runner.head_info}",
-          file=sys.stderr)
-    summary = run_bench(runner, questions, methods, config, args.out, fresh=args.fresh)
+    config = _config(runner, args, overrides)
+    print(f"{len(questions)} questions x {len(set(methods) | {'vanilla'})} methods x {args.repeats} repeat(s); "
+          f"{_preset_label(args)}; model {args.model} on {runner.target.device} ({runner.target.dtype}); "
+          f"EAGLE head: {runner.head_info}", file=sys.stderr)
+    summary = run_bench(runner, questions, methods, config, args.out, fresh=args.fresh, repeats=args.repeats)
     print(speedup_matrix_markdown(summary) + "\n")
     print(summary_table_markdown(summary[summary.category == "overall"]))
     print(f"\nwrote {args.out}/: results.jsonl, summary.csv, summary.md, speedup.html, acceptance.html", file=sys.stderr)
@@ -106,20 +127,21 @@ def cmd_bench(args) -> int:
 
 def cmd_sweep(args) -> int:
     from respec.runner import parse_methods
-    from respec.config import EngineConfig
+    from respec.config import EngineConfig, starting_settings
     from respec.sweep import best_point, parse_grid, quality_metric, run_sweep, sweep_markdown
 
     method = parse_methods(args.method)[0]
     overrides = _overrides(args)
-    grid = parse_grid(args.grid, EngineConfig().with_overrides(overrides))   # 1. everything checked first
+    # 1. everything checked first
+    grid = parse_grid(args.grid, EngineConfig().with_overrides({**starting_settings("cpu", args.preset), **overrides}))
     questions = _questions(args)
     runner = _runner(args)
-    base = runner.config(overrides)
+    base = _config(runner, args, overrides)
     grid = parse_grid(args.grid, base)
     quality = quality_metric(method, base)
     bound = args.max_nll_ratio if quality == "nll_ratio" else args.min_exact_match
     print(f"{len(questions)} questions x {len(grid.points())} points of {method} (+ vanilla once); "
-          f"quality = {quality}", file=sys.stderr)
+          f"{_preset_label(args)}; quality = {quality}", file=sys.stderr)
     rows = run_sweep(runner, questions, method, base, grid, args.out, fresh=args.fresh)
     print(sweep_markdown(rows, grid, quality))
     best = best_point(rows, quality, bound)
@@ -201,6 +223,10 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--max-new-tokens", type=int, default=128)
         sp.add_argument("--set", action="append", metavar="KEY=VALUE",
                         help="override a setting, e.g. tree.total_tokens=12 (repeatable)")
+        sp.add_argument("--preset", default=None, metavar="NAME",
+                        help="start from a named preset instead of this device's defaults: 'paper' (the "
+                             "paper's thresholds, EAGLE-2's fixed 60/5/10 tree, tree.auto off) or 'device' "
+                             "(the default); --set still wins")
 
     g = sub.add_parser("generate", help="generate from one prompt")
     g.add_argument("--prompt", required=True)
@@ -217,6 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--limit-per-category", type=int, default=None)
     b.add_argument("--out", required=True, help="results folder; rerunning into it skips finished records")
     b.add_argument("--fresh", action="store_true", help="start over in --out instead of resuming")
+    b.add_argument("--repeats", type=int, default=1,
+                   help="run every question N times per method; the summary adds the spread of the per-repeat "
+                        "speedups (std, min-max)")
     common(b, False)
     b.set_defaults(func=cmd_bench)
 

@@ -45,7 +45,7 @@ def parse_grid(text: str, base: EngineConfig | None = None) -> Grid:
     """"k=v1,v2;k2=v3" -> Grid. Raises ConfigError naming the problem: empty grid, a part
     without '=', a key without values, a repeated or unknown key, a value out of range, or more
     than MAX_POINTS points."""
-    from respec.config import _coerce
+    from respec.config import coerce_setting
     base = base or EngineConfig()
     if not isinstance(text, str) or not text.strip():
         raise ConfigError('the grid is empty: give it as "theta_H=0.5,1,1.5;alpha=0.1,0.3"')
@@ -66,7 +66,7 @@ def parse_grid(text: str, base: EngineConfig | None = None) -> Grid:
         items = [v.strip() for v in vals.split(",") if v.strip()]
         if not items:
             raise ConfigError(f"grid key {name!r} has no values")
-        parsed = tuple(dict.fromkeys(_coerce(name, v) for v in items))
+        parsed = tuple(dict.fromkeys(coerce_setting(key, v, name) for v in items))
         for v in parsed:
             base.with_overrides({key: v})          # unknown key or value out of range -> ConfigError
         keys.append(key)

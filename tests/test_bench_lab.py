@@ -175,3 +175,65 @@ def test_a_2d_sweep_writes_table_and_heatmap_and_resumes(tmp_path, monkeypatch):
     with pytest.raises(RespecError, match="another run"):
         run_sweep(runner, QUESTIONS[:2], "respec-strict", base, parse_grid("theta_H=1", base), tmp_path / "sw",
                   progress=False)
+
+
+# ------------------------------------------------------------------------------- repeats
+def test_summary_spread_over_repeats_on_hand_made_records():
+    records = []
+    # vanilla 10 tok/s in both repeats; sam 20 then 30 tok/s -> per-repeat speedups 2.0 and 3.0
+    for k, sam_wall in ((0, 0.5), (1, 1 / 3)):
+        for qid in (1, 2):
+            records.append({**_rec(qid, "qa", "vanilla", new=10, wall=1.0, steps=9, committed=9), "repeat": k})
+            records.append({**_rec(qid, "qa", "sam", new=10, wall=sam_wall, steps=3, committed=9), "repeat": k})
+    s = summarize(pd.DataFrame(records)).set_index(["category", "method"])
+    row = s.loc[("qa", "sam")]
+    assert row.questions == 2 and row.repeats == 2, "questions are counted once, however often they ran"
+    assert row.tokens_per_s == pytest.approx(25.0) and row.speedup_vs_vanilla == pytest.approx(2.5)
+    assert (row.speedup_min, row.speedup_max) == (pytest.approx(2.0), pytest.approx(3.0))
+    assert row.speedup_std == pytest.approx(0.70710678), "sample std of 2.0 and 3.0"
+    one = summarize(pd.DataFrame([r for r in records if r["repeat"] == 0])).set_index(["category", "method"])
+    assert one.loc[("qa", "sam")].repeats == 1 and one.loc[("qa", "sam")].speedup_std != one.loc[("qa", "sam")].speedup_std
+    assert "±0.71 [2.00–3.00]" in summary_table_markdown(s.reset_index())
+    assert "±" not in summary_table_markdown(one.reset_index()), "one repeat: no spread column"
+
+
+def test_repeats_add_records_and_a_larger_n_resumes(tmp_path, monkeypatch):
+    runner, summary = _bench(tmp_path, ["vanilla", "sam"], repeats=2)
+    path = tmp_path / "out" / "results.jsonl"
+    recs = [json.loads(x) for x in path.read_text().splitlines()]
+    assert sorted((r["question_id"], r["method"], r["repeat"]) for r in recs) == sorted(
+        (q.question_id, m, k) for q in QUESTIONS for m in ("vanilla", "sam") for k in (0, 1))
+    assert all(r["matches_vanilla"] for r in recs)
+    overall = summary[(summary.category == "overall") & (summary.method == "sam")].iloc[0]
+    assert overall.repeats == 2 and overall.questions == len(QUESTIONS)
+    assert 0 < overall.speedup_min <= overall.speedup_max and overall.speedup_std == overall.speedup_std
+    csv = pd.read_csv(tmp_path / "out" / "summary.csv")
+    assert {"speedup_std", "speedup_min", "speedup_max", "repeats"} <= set(csv.columns)
+    import respec.bench as bench
+    calls = []
+    real = bench.run_question
+    monkeypatch.setattr(bench, "run_question", lambda *a, **k: calls.append(a[1].question_id) or real(*a, **k))
+    _bench(tmp_path, ["vanilla", "sam"], repeats=2)
+    assert calls == [], "every repeat was finished: nothing reruns"
+    _, three = _bench(tmp_path, ["vanilla", "sam"], repeats=3)
+    assert len(calls) == 2 * len(QUESTIONS), "only repeat 2 runs"
+    assert three[(three.category == "overall") & (three.method == "sam")].iloc[0].repeats == 3
+    with pytest.raises(ConfigError, match="repeats"):
+        _bench(tmp_path, ["vanilla"], repeats=0)
+
+
+def test_an_older_run_without_repeat_or_relax_mode_resumes(tmp_path, monkeypatch):
+    _bench(tmp_path, ["vanilla"])
+    path = tmp_path / "out" / "results.jsonl"
+    recs = [json.loads(x) for x in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "repeat"}) + "\n" for r in recs))
+    run_file = tmp_path / "out" / "run.json"
+    identity = json.loads(run_file.read_text())
+    del identity["config"]["relax"]["mode"]              # written before relax.mode existed
+    run_file.write_text(json.dumps(identity))
+    import respec.bench as bench
+    calls = []
+    real = bench.run_question
+    monkeypatch.setattr(bench, "run_question", lambda *a, **k: calls.append(1) or real(*a, **k))
+    _bench(tmp_path, ["vanilla"])
+    assert calls == []
