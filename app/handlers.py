@@ -590,6 +590,7 @@ def compare_api(hub: ModelHub, caps: Caps, prompt: str, settings_json: str = "{}
                  None if a.tokens == b.tokens else min(len(a.tokens), len(b.tokens)))
     metrics["comparison"] = {"identical": a.tokens == b.tokens, "first_difference": first,
                              "respec_column_method": a.config.method, "note": fallback_note(),
+                             "preset": app.get("preset", "device"),
                              "model": hub._runner_spec or hub.spec, "eagle_head": getattr(runner, "head_info", None)}
     if vanilla is not None:
         metrics["comparison"]["equal_to_vanilla"] = {k: r.tokens == vanilla.tokens for k, r in results.items()}

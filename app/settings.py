@@ -4,8 +4,9 @@ that turns UI values or an API settings JSON into the `EngineConfig` of each com
 Contract: `SPECS` lists every tunable field of `EngineConfig` the page shows (dotted key, label,
 range, help); the page builds its controls from it in a loop. `build_config(values, method)`
 accepts dotted keys, the short aliases of `respec.config.ALIASES` and nested JSON objects, applies
-the engine's device defaults (`respec.config.device_defaults`: small trees and `tree.auto` on a CPU)
-under the given values, the app's default of 64 new tokens and the deployment caps, and raises `ConfigError` with one clear message for anything out of range.
+the engine's device defaults (`respec.config.device_defaults`: small trees and `tree.auto` on a CPU),
+or instead the engine preset a `"preset"` key names (`respec.config.PRESETS`, e.g. "paper"), under
+the given values, the app's default of 64 new tokens and the deployment caps, and raises `ConfigError` with one clear message for anything out of range.
 No I/O, no Gradio.
 
 Letters follow ALGORITHMS.md: θ_H (trigger.theta_entropy), l, λ_e, α, S0, θ_score, K, L_max, L_min,
@@ -19,7 +20,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from respec.config import IMPLEMENTED_METHODS, EngineConfig, device_defaults, flatten_settings
+from respec.config import IMPLEMENTED_METHODS, EngineConfig, flatten_settings, starting_settings
 from respec.errors import ConfigError, PromptError
 
 
@@ -140,16 +141,20 @@ SPECS: tuple[Spec, ...] = (
 
 SPEC_BY_KEY = {s.key: s for s in SPECS}
 
-#: App-level keys accepted in settings next to the EngineConfig keys.
+#: App-level keys accepted in settings next to the EngineConfig keys (true / false).
 APP_KEYS = ("include_vanilla",)
+#: The settings key that names an engine preset (respec.config.PRESETS) to start from instead of
+#: the device defaults: `{"preset": "paper", "theta_H": 2}`.
+PRESET_KEY = "preset"
+#: Tree sizes the deployment cap (RESPEC_MAX_TREE_TOKENS) bounds.
+TREE_SIZE_KEYS = ("tree.total_tokens", "candidates.tree_budget", "sam.n_predicts")
 
-#: Presets: threshold overrides over the paper's values (EngineConfig's defaults); tree sizes stay
-#: at the device's defaults (respec.config.device_defaults) under every preset.
+#: The page's presets: "paper defaults" is the engine's "paper" preset (one definition: the
+#: paper's thresholds and EAGLE-2's fixed 60/5/10 tree, tree.auto off); the others are overrides
+#: over the device defaults.
 PRESETS: dict[str, dict[str, Any]] = {
     "device defaults": {},
-    "paper defaults": {"trigger.theta_entropy": 1.5, "trigger.window": 3, "trigger.lambda_e": 1.0,
-                       "candidates.min_match": 3, "candidates.l_max": 16, "candidates.top_k": 4,
-                       "candidates.s0": 0.5, "candidates.theta_score": 0.5, "candidates.alpha": 0.3},
+    "paper defaults": {PRESET_KEY: "paper"},
     "lossless": {"relax.budget": 0, "sampling.temperature": 0.0},
     "aggressive": {"trigger.theta_entropy": 3.0, "candidates.theta_score": 0.3, "candidates.s0": 0.6,
                    "candidates.l_max": 32, "candidates.top_k": 8, "candidates.min_match": 2,
@@ -159,7 +164,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 PRESET_HELP = {
     "device defaults": "The engine's defaults for this device (on CPU: small auto-pruned trees, θ_H 3, "
                        "L_min 2, L_max 32, chosen by the dev-split sweep in BENCHMARKS.md).",
-    "paper defaults": "The paper's thresholds (θ_H 1.5, S0 0.5, θ_score 0.5, α 0.3, β 5, τ 2, w 3, budget 2).",
+    "paper defaults": "The paper's values (θ_H 1.5, window 3, L_min 3, L_max 16, S0 = θ_score 0.5, α 0.3) with "
+                      "EAGLE-2's fixed 60-node tree (depth 5, top-k 10) and the cost model off: slow on a CPU.",
     "lossless": "Relaxed budget 0 and greedy: ReSpec's output equals vanilla's token for token.",
     "aggressive": "Retrieve more often, draft longer, relax more: faster on repetitive text, may drift.",
 }
@@ -172,9 +178,10 @@ def respec_method() -> str:
 
 
 def method_label(method: str) -> str:
-    return {"respec": "ReSpec", "respec-strict": "ReSpec (strict)", "respec-no-trigger": "ReSpec (no trigger)",
-            "respec-no-ema": "ReSpec (no EMA)", "sam": "SAM-Decoding", "eagle2": "EAGLE-2",
-            "vanilla": "vanilla"}.get(method, method)
+    return {"respec": "ReSpec", "respec-strict": "ReSpec (strict)", "respec-no-gate": "ReSpec (no gate)",
+            "respec-no-feedback": "ReSpec (no feedback)", "respec-no-model": "ReSpec (no model)",
+            "respec-no-trigger": "ReSpec (SAM trigger, legacy)", "respec-no-ema": "ReSpec (earliest only, legacy)",
+            "sam": "SAM-Decoding", "eagle2": "EAGLE-2", "vanilla": "vanilla"}.get(method, method)
 
 
 # ------------------------------------------------------------------------------- values <-> config
@@ -192,7 +199,15 @@ def parse_settings_json(text: str | None) -> dict[str, Any]:
     if "method" in flat:
         raise ConfigError("settings_json cannot choose the method: /compare always runs ReSpec and EAGLE-2 "
                           "(and vanilla with \"include_vanilla\": true)")
+    if PRESET_KEY in flat:
+        _preset_name(flat[PRESET_KEY])
     return flat
+
+
+def _preset_name(value: Any) -> str:
+    """A `"preset"` value checked against the engine's presets (ConfigError naming the choices)."""
+    starting_settings("cpu", value)
+    return value
 
 
 def _as_bool(key: str, value: Any) -> bool:
@@ -206,10 +221,12 @@ def _as_bool(key: str, value: Any) -> bool:
 
 
 def split_app_options(values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Separate app-level keys (include_vanilla) from EngineConfig keys."""
+    """Separate app-level keys (include_vanilla, preset) from EngineConfig keys."""
     flat = flatten_settings(values)
     flat.pop("method", None)            # the page chooses each column's method
-    app = {k: _as_bool(k, flat.pop(k)) for k in APP_KEYS if k in flat}
+    app: dict[str, Any] = {k: _as_bool(k, flat.pop(k)) for k in APP_KEYS if k in flat}
+    if PRESET_KEY in flat:
+        app[PRESET_KEY] = _preset_name(flat.pop(PRESET_KEY))
     return flat, app
 
 
@@ -217,19 +234,20 @@ def device_type(device: str) -> str:
     return "cuda" if str(device).startswith("cuda") else "cpu"
 
 
-def base_values(device: str = "cpu") -> dict[str, Any]:
+def base_values(device: str = "cpu", preset: str | None = None) -> dict[str, Any]:
     """The app's starting point: the engine's device defaults (small trees and `tree.auto` on a
-    CPU) under the paper's thresholds."""
-    return dict(device_defaults(device_type(device)))
+    CPU), or the named engine preset instead (respec.config.starting_settings)."""
+    return dict(starting_settings(device_type(device), preset))
 
 
 def build_config(values: Mapping[str, Any], method: str, device: str = "cpu", caps: Caps | None = None) -> EngineConfig:
     """UI values / API settings -> the EngineConfig of one method. Raises ConfigError.
-    Order: device defaults, then the given values (explicit settings always win), then the
-    app's default max_new_tokens if none was given; then the deployment caps."""
+    Order: device defaults (or the preset a "preset" key names), then the given values (explicit
+    settings always win), then the app's default max_new_tokens if none was given; then the
+    deployment caps."""
     caps = caps or Caps.from_env()
-    flat, _app = split_app_options(values)
-    flat = {**base_values(device), **flat}
+    flat, app = split_app_options(values)
+    flat = {**base_values(device, app.get(PRESET_KEY)), **flat}
     flat.setdefault("max_new_tokens", caps.default_new_tokens)
     # 1. Validate everything (ranges, unknown keys, types) through the engine's own config.
     config = EngineConfig().with_overrides({**flat, "method": method})
@@ -251,7 +269,11 @@ def preset_values(name: str, device: str = "cpu", caps: Caps | None = None) -> d
     if name not in PRESETS:
         raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
     caps = caps or Caps.from_env()
-    config = build_config(PRESETS[name], "eagle2", device, caps)
+    values = dict(PRESETS[name])
+    if PRESET_KEY in values:            # an engine preset's tree sizes, within this deployment's cap
+        start = base_values(device, values[PRESET_KEY])
+        values.update({k: min(start[k], caps.max_tree_tokens) for k in TREE_SIZE_KEYS if k in start})
+    config = build_config(values, "eagle2", device, caps)
     flat = flatten_settings(config.to_dict())
     return {k: flat[k] for k in [s.key for s in SPECS] + ["tree.auto"]}
 

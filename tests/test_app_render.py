@@ -216,7 +216,13 @@ def test_candidates_decision_and_narration_show_respec_records(runs):
     assert headers[:2] == ["end_pos", "match_len"] and len(rows) == len(step.candidates)
     assert "score_before" in headers and "score_after" in headers
     text = render.narrate(run.result, i, run.decoder)
-    assert "θ_H" in text and "candidate" in text and "Accepted" in text or "none" in text
+    assert "θ_H" in text and "candidate" in text
+    if step.num_accepted:
+        assert f"Accepted {step.num_accepted} of {step.num_draft}" in text
+    elif step.num_draft:
+        assert f"Accepted none of the {step.num_draft} drafts" in text
+    else:
+        assert "Accepted" not in text and "Drafted 0 token(s)" in text
     assert "Decision" in render.decision_md(step)
     h, r = render.node_rows(step, run.decoder)
     assert len(r) == step.tree.size + 1 and r[-1][4] == "target"
@@ -418,3 +424,28 @@ def test_paper_preset_restores_the_papers_thresholds_over_device_defaults():
     device = preset_values("device defaults", "cpu", CAPS)
     assert paper["trigger.theta_entropy"] == 1.5 and paper["candidates.min_match"] == 3
     assert device["trigger.theta_entropy"] == 3.0 and device["candidates.min_match"] == 2
+    from respec.config import PRESETS as ENGINE_PRESETS
+    for key, value in ENGINE_PRESETS["paper"].items():
+        assert paper[key] == value, f"the page's paper preset and the engine's differ at {key}"
+    assert paper["tree.auto"] is False and (paper["tree.total_tokens"], paper["tree.depth"], paper["tree.top_k"]) \
+        == (60, 5, 10), "EAGLE-2's published fixed tree, no cost model"
+    small = Caps(max_new_tokens=64, default_new_tokens=24, max_tree_tokens=32, time_limit_s=60, queue_size=4)
+    assert preset_values("paper defaults", "cpu", small)["tree.total_tokens"] == 32, "tree sizes obey the cap"
+
+
+def test_compare_settings_json_takes_an_engine_preset():
+    assert parse_settings_json('{"preset": "paper", "theta_H": 2}') == {"preset": "paper", "trigger.theta_entropy": 2}
+    with pytest.raises(ConfigError, match="unknown preset 'fast'; choose one of device, paper"):
+        parse_settings_json('{"preset": "fast"}')
+    with pytest.raises(ConfigError, match="unknown preset"):
+        parse_settings_json('{"preset": 3}')
+    cfg = build_config({"preset": "paper", "theta_H": 2}, "respec", "cpu", CAPS)
+    assert cfg.trigger.theta_entropy == 2, "explicit settings win over the preset"
+    assert (cfg.tree.total_tokens, cfg.tree.auto, cfg.candidates.min_match, cfg.candidates.tree_budget) == (60, False, 3, 60)
+    assert build_config({"preset": "device"}, "respec", "cpu", CAPS) == build_config({}, "respec", "cpu", CAPS)
+    _, _, ta, tb, m = handlers.compare_api(tiny_hub(), CAPS, REPEAT, '{"preset": "paper", "max_new_tokens": 4}')
+    for trace in (ta, tb):
+        c = result_from_json(trace).config
+        assert (c.tree.total_tokens, c.tree.depth, c.tree.top_k, c.tree.auto) == (60, 5, 10, False)
+        assert c.trigger.theta_entropy == 1.5 and c.candidates.l_max == 16
+    assert json.loads(m)["comparison"]["preset"] == "paper"
