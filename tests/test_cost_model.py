@@ -144,3 +144,21 @@ def test_cost_model_drives_every_method_and_the_trace_records_prediction_and_out
         assert costs, f"{method}: every planned step records its prediction"
         for c in costs:
             assert c["kept"] >= 1 and "expected_tokens" not in c or c["expected_tokens"] >= 1.0
+
+
+def test_a_probe_over_a_long_queue_checks_the_tail_only_and_feeds_the_queue_only_if_it_passes(monkeypatch):
+    from respec.config import TreeConfig
+    from respec.drafters.eagle2 import SCRATCH_WINDOW, Eagle2Drafter, random_head
+    target = make_target("llama", seed=0)
+    prompt = [(7 * i) % 90 + 3 for i in range(SCRATCH_WINDOW + 40)]
+    hidden = target.prefill(prompt).hidden
+    d = Eagle2Drafter(target, random_head(target), TreeConfig(total_tokens=8, depth=2, top_k=2, auto=True))
+    cm = CostModel(lambda n: dict(NO_AMX), max_size=8)
+    d.reset(prompt, hidden)
+    tree = d.draft_tree(prompt, 5, cost=cm)
+    assert tree.size == 1 and d.kv_len == 0, "a failed probe must not feed the head the whole prompt"
+    assert d._rows == 16 and sum(p.shape[0] for p in d._pending) == len(prompt), "the queue is kept"
+    d.reset(prompt, hidden)
+    monkeypatch.setattr(d, "_probe_pays", lambda cost, ms=0.0: True)
+    tree = d.draft_tree(prompt, 5, cost=cm)
+    assert d.kv_len == len(prompt) and not d._pending, "a passed probe feeds the whole queue, then drafts"

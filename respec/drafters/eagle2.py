@@ -358,6 +358,7 @@ def eagle_node_probs(tree: DraftTree, kappa: float) -> list[float]:
 # ---------------------------------------------------------------------------- the drafter
 PROBE_ROWS = 16    # catch-up rows whose head predictions are checked against the committed text
 MAX_SKIP = 64      # longest stretch of steps the head sits out before the next probe
+SCRATCH_WINDOW = 64  # a probe over a longer queue checks the head on this many last positions first
 
 
 class Eagle2Drafter:
@@ -371,7 +372,9 @@ class Eagle2Drafter:
     unprofitable drafts in a row it sits out 2^misses steps (at most MAX_SKIP), queueing features
     at no cost; then a cheap probe (the catch-up alone, whose predictions over the queued positions
     are checked against the committed tokens) decides whether even a one-token draft would pay
-    before any tree is grown. A request starts with such a probe, so a random head never drafts."""
+    before any tree is grown. A request starts with such a probe, so a random head never drafts;
+    over a long queue (the prompt, or many steps off) the probe runs the head on the last
+    SCRATCH_WINDOW positions only, in a throwaway cache, and the queue is fed only if it passes."""
 
     name = "eagle2"
     needs_hidden = True
@@ -416,38 +419,63 @@ class Eagle2Drafter:
             self._real_sum = 0.9 * self._real_sum + outcome.verdict.num_accepted
         self._last_pred = None
 
-    @torch.inference_mode()
-    def catch_up(self, committed: Sequence[int], root: int, check: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """Feed pending pairs (f_t, x_{t+1}), the last one pairing with `root`. Returns the head's
-        prediction at the root position: f̂ [H] and log-probs [V]. With `check`, also counts how
-        many of the last PROBE_ROWS fed positions the head's top-1 predicts the committed token
-        that followed (`self._hits` of `self._rows`): its depth-1 acceptance, teacher-forced."""
+    def _pending_pairs(self, committed: Sequence[int], root: int) -> tuple[torch.Tensor, list[int], int]:
+        """The queued features [m, H] (on the head's device), the token that follows each (the
+        last one is `root`), and the head position of the first. Leaves the queue as it is."""
         # Features come from the target's final norm, which under device_map="auto" can sit on
         # another GPU than the head (placed with the embedding): move them to the head.
         head_dev = self.head.fc.weight.device
         feats = torch.cat([p.to(head_dev) for p in self._pending], dim=0)          # [m, H] on the head's device
-        self._pending = []
         start = self.kv_len
         m = feats.shape[0]
         nxt = list(committed[start + 1:start + m]) + [root]
         if len(nxt) != m:
             raise RuntimeError(f"EAGLE catch-up out of sync: {m} features, {len(nxt)} tokens")
+        return feats, nxt, start
+
+    def _feed(self, feats: torch.Tensor, nxt: Sequence[int], start: int, cache, check: bool
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the head over pairs (feats [m, H], nxt [m]) at head positions start.. into `cache`.
+        Returns f̂ [H] and log-probs [V] at the last position; with `check`, sets `self._hits` of
+        `self._rows`: how many of the last PROBE_ROWS positions' top-1 is the token that followed."""
+        m = feats.shape[0]
         dev = self.target.device
-        tok = torch.tensor(nxt, dtype=torch.long, device=dev)
+        tok = torch.tensor(list(nxt), dtype=torch.long, device=dev)
         pos = torch.arange(start, start + m, device=dev)
-        out = self.head(self.target.embed(tok), feats, pos, self.cache, None)      # [m, H]
+        out = self.head(self.target.embed(tok), feats, pos, cache, None)           # [m, H]
         r = min(m - 1, PROBE_ROWS) if check else 0
         logits = self.head.draft_logits(self.target, out[m - 1 - r:]).float()       # [r + 1, V]
         if r > 0:
             top = logits[:-1].argmax(dim=-1).cpu()                                  # [r]
             if self.head.draft_vocab is not None:
                 top = self.head.draft_vocab.cpu()[top]
-            self._hits = int((top == torch.tensor(nxt[m - r:])).sum())
+            self._hits = int((top == torch.tensor(list(nxt[m - r:]))).sum())
             self._rows = r
         else:
             self._hits = self._rows = 0
-        logp = torch.log_softmax(logits[-1], dim=-1)                                # [V]
-        return out[-1], logp
+        return out[-1], torch.log_softmax(logits[-1], dim=-1)                      # [H], [V]
+
+    @torch.inference_mode()
+    def catch_up(self, committed: Sequence[int], root: int, check: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed pending pairs (f_t, x_{t+1}), the last one pairing with `root`, into the head's
+        cache. Returns the head's prediction at the root position: f̂ [H] and log-probs [V]. With
+        `check`, also counts how many of the last PROBE_ROWS fed positions the head's top-1
+        predicts the committed token that followed (`self._hits` of `self._rows`): its depth-1
+        acceptance, teacher-forced."""
+        feats, nxt, start = self._pending_pairs(committed, root)
+        self._pending = []
+        return self._feed(feats, nxt, start, self.cache, check)
+
+    @torch.inference_mode()
+    def scratch_check(self, committed: Sequence[int], root: int) -> None:
+        """The probe's check without the catch-up: the head runs over the last SCRATCH_WINDOW
+        queued pairs only, in a throwaway cache (so it sees at most that much context), and sets
+        `self._hits` of `self._rows`. The queue stays, so a head that stays off never pays for
+        feeding it a long prompt."""
+        feats, nxt, start = self._pending_pairs(committed, root)
+        w = min(SCRATCH_WINDOW, feats.shape[0])
+        m = feats.shape[0]
+        self._feed(feats[m - w:], nxt[m - w:], start + m - w, slab_cache(self.head.config), check=True)
 
     @torch.inference_mode()
     def draft_tree(self, committed: Sequence[int], root: int, cfg: TreeConfig | None = None,
@@ -467,9 +495,18 @@ class Eagle2Drafter:
         t0 = time.perf_counter()
         if not self._pending and self.kv_len == 0:
             raise RuntimeError("EAGLE drafter used before reset")
-        f, logp = self.catch_up(committed, root, check=cost is not None and self._probing)
-        if cost is not None and self._probing and not self._probe_pays(cost, (time.perf_counter() - t0) * 1000):
-            return DraftTree.root_only(root)
+        probing = cost is not None and self._probing
+        if probing and sum(p.shape[0] for p in self._pending) > SCRATCH_WINDOW:
+            # a long queue (a prompt, or many steps with the head off): judge the head on its tail
+            # first, and feed the whole queue only if it is worth drafting with
+            self.scratch_check(committed, root)
+            if not self._probe_pays(cost, (time.perf_counter() - t0) * 1000):
+                return DraftTree.root_only(root)
+            f, logp = self.catch_up(committed, root)
+        else:
+            f, logp = self.catch_up(committed, root, check=probing)
+            if probing and not self._probe_pays(cost, (time.perf_counter() - t0) * 1000):
+                return DraftTree.root_only(root)
         self._probing = False
         stable = self.kv_len
         dev = self.target.device
