@@ -11,12 +11,16 @@ prints, over `--rounds` interleaved rounds on the chosen questions:
   non-drafting one, so this is the whole overhead.
 - how many steps drafted, and how many were probes.
 
-    PYTHONPATH=. .venv/bin/python scripts/idle_step_cost.py [--model default] [--dtype auto]
+    .venv/bin/python scripts/idle_step_cost.py [--model default] [--dtype auto]
         [--ids 81,161,241,401] [--max-new-tokens 48] [--rounds 3] [--head random|shipped]
 """
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # `python scripts/...` imports respec
 import statistics
 
 METHODS = ("eagle2", "sam", "respec", "respec-strict")

@@ -1,11 +1,15 @@
 """Print the target's verify-cost curve: milliseconds of one tree forward of n tokens after a
 context of C cached tokens (the same measurement `tree.auto` uses), and its ratio to n = 1.
 
-    PYTHONPATH=. .venv/bin/python scripts/verify_cost.py [--model default] [--context 768] [--dtype float32]
+    .venv/bin/python scripts/verify_cost.py [--model default] [--context 768] [--dtype float32]
 """
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # `python scripts/...` imports respec
 
 
 def main() -> None:
