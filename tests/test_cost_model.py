@@ -159,6 +159,8 @@ def test_a_probe_over_a_long_queue_checks_the_tail_only_and_feeds_the_queue_only
     assert tree.size == 1 and d.kv_len == 0, "a failed probe must not feed the head the whole prompt"
     assert d._rows == 16 and sum(p.shape[0] for p in d._pending) == len(prompt), "the queue is kept"
     d.reset(prompt, hidden)
+    monkeypatch.setattr(d, "scratch_check", lambda committed, root: setattr(d, "_hits", 3) or setattr(d, "_rows", 16))
     monkeypatch.setattr(d, "_probe_pays", lambda cost, ms=0.0: True)
     tree = d.draft_tree(prompt, 5, cost=cm)
-    assert d.kv_len == len(prompt) and not d._pending, "a passed probe feeds the whole queue, then drafts"
+    assert d.kv_len == len(prompt) and not d._pending, "a head with hits is fed the whole queue, then drafts"
+    assert d._rows == 16, "and judged again with its full context"

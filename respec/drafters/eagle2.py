@@ -373,8 +373,9 @@ class Eagle2Drafter:
     at no cost; then a cheap probe (the catch-up alone, whose predictions over the queued positions
     are checked against the committed tokens) decides whether even a one-token draft would pay
     before any tree is grown. A request starts with such a probe, so a random head never drafts;
-    over a long queue (the prompt, or many steps off) the probe runs the head on the last
-    SCRATCH_WINDOW positions only, in a throwaway cache, and the queue is fed only if it passes."""
+    over a long queue (the prompt, or many steps off) the probe first runs the head on the last
+    SCRATCH_WINDOW positions only, in a throwaway cache: a head that matches none of them stays
+    off with the queue unfed; any other is fed the whole queue and judged with its full context."""
 
     name = "eagle2"
     needs_hidden = True
@@ -500,9 +501,13 @@ class Eagle2Drafter:
             # a long queue (a prompt, or many steps with the head off): judge the head on its tail
             # first, and feed the whole queue only if it is worth drafting with
             self.scratch_check(committed, root)
+            if self._hits == 0:              # matched nothing even there: off, the queue unfed
+                self._probe_pays(cost, (time.perf_counter() - t0) * 1000)
+                return DraftTree.root_only(root)
+            # some hits: judge it with its full context (a short window must not turn a good head off)
+            f, logp = self.catch_up(committed, root, check=True)
             if not self._probe_pays(cost, (time.perf_counter() - t0) * 1000):
                 return DraftTree.root_only(root)
-            f, logp = self.catch_up(committed, root)
         else:
             f, logp = self.catch_up(committed, root, check=probing)
             if probing and not self._probe_pays(cost, (time.perf_counter() - t0) * 1000):
