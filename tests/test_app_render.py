@@ -59,8 +59,10 @@ def runner():
 
 @pytest.fixture(scope="module")
 def runs(runner):
-    """Tiny-model runs of the three columns on a repetitive prompt (retrieval fires)."""
-    respec, updates = stream(runner, REPEAT, "respec", theta_H=20.0, max_new_tokens=30)
+    """Tiny-model runs of the three columns on a repetitive prompt (retrieval fires). The cost model
+    is off: on a tiny model a Python-side draft costs about a forward, so whether retrieval pays
+    would depend on this machine's timings (the cost model has its own tests)."""
+    respec, updates = stream(runner, REPEAT, "respec", theta_H=20.0, max_new_tokens=30, auto=False)
     eagle, _ = stream(runner, REPEAT, "eagle2", max_new_tokens=30, auto=False)
     vanilla, _ = stream(runner, REPEAT, "vanilla", max_new_tokens=30)
     return {"respec": respec, "eagle": eagle, "vanilla": vanilla, "updates": updates}
@@ -89,7 +91,7 @@ def test_decoder_cache_follows_a_changed_prefix():
 
 # ------------------------------------------------------------------------------- streaming and spans
 def test_streamed_run_equals_generate_and_is_a_valid_trace(runner, runs):
-    cfg = build_config({"theta_H": 20.0, "max_new_tokens": 30}, "respec", "cpu", CAPS)
+    cfg = build_config({"theta_H": 20.0, "max_new_tokens": 30, "auto": False}, "respec", "cpu", CAPS)
     assert runs["respec"].result.tokens == runner.generate(REPEAT, cfg).tokens, \
         "The streamed run must commit the same tokens as Runner.generate."
     partial = [r for r, _ in runs["updates"][:-1]]
