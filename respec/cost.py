@@ -62,6 +62,14 @@ class SizePlan:
     cost_ms: float            # verify cost at `size` + this step's drafting ms
     rate_vs_plain: float      # expected tokens per ms / a plain step's (1 token per verify(1) ms)
 
+    @classmethod
+    def at(cls, probs: Sequence[float], size: int, curve: Mapping[int, float], draft_ms: float = 0.0) -> "SizePlan":
+        """The prediction for verifying the first `size - 1` of `probs` (ancestor-closed order)."""
+        gain = 1.0 + sum(max(0.0, min(1.0, float(p))) for p in probs[:size - 1])
+        cost = interpolate_cost(curve, size) + (draft_ms if size > 1 else 0.0)
+        return cls(size=size, of=len(probs) + 1, expected_tokens=gain, cost_ms=cost,
+                   rate_vs_plain=gain / cost * interpolate_cost(curve, 1))
+
     @property
     def pays(self) -> bool:
         return self.size > 1 and self.rate_vs_plain >= 1.0
@@ -78,15 +86,13 @@ def plan_size(probs: Sequence[float], curve: Mapping[int, float], draft_ms: floa
     3.4 tokens expected for 51 ms: 3.33x a plain step's 1 token per 50 ms."""
     limit = len(probs) + 1 if max_size is None else max(1, min(max_size, len(probs) + 1))
     plain = 1.0 / interpolate_cost(curve, 1)
-    best_n, best_rate, best_gain, gain = 1, plain, 1.0, 1.0
+    best_n, best_rate, gain = 1, plain, 1.0
     for j in range(limit - 1):
         gain += max(0.0, min(1.0, float(probs[j])))
         rate = gain / interpolate_cost(curve, j + 2)
         if rate > best_rate * (1.0 + MIN_GAIN):
-            best_n, best_rate, best_gain = j + 2, rate, gain
-    cost = interpolate_cost(curve, best_n) + (draft_ms if best_n > 1 else 0.0)
-    return SizePlan(size=best_n, of=len(probs) + 1, expected_tokens=best_gain, cost_ms=cost,
-                    rate_vs_plain=(best_gain / cost) / plain)
+            best_n, best_rate = j + 2, rate
+    return SizePlan.at(probs, best_n, curve, draft_ms)
 
 
 def ancestor_closed_order(parents: Sequence[int], probs: Sequence[float]) -> list[int]:

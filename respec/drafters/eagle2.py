@@ -46,7 +46,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRot
 from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
 
 from respec.config import TreeConfig
-from respec.cost import MIN_GAIN, CostModel, SizePlan, ancestor_closed_order, interpolate_cost
+from respec.cost import MIN_GAIN, CostModel, SizePlan, ancestor_closed_order
 from respec.drafters.base import Decision, DraftContext, Proposal, StepOutcome
 from respec.errors import ModelLoadError
 from respec.models.base import TargetModel
@@ -551,9 +551,7 @@ class Eagle2Drafter:
         plain step, with drafting costing at least what this probe did? If not, sit out longer."""
         acc = self._hits / (self._rows + 2.0)
         draft_ms = max(cost.draft_ms("eagle"), probe_ms)
-        curve = cost.curve()
-        plan = SizePlan(size=2, of=2, expected_tokens=1.0 + acc, cost_ms=interpolate_cost(curve, 2) + draft_ms,
-                        rate_vs_plain=(1.0 + acc) / (interpolate_cost(curve, 2) + draft_ms) * interpolate_cost(curve, 1))
+        plan = SizePlan.at([acc], 2, cost.curve(), draft_ms)
         if plan.rate_vs_plain >= 1.0 + MIN_GAIN:
             return True
         # a head that matched nothing over many rows is plainly useless: back off twice as fast
