@@ -78,7 +78,10 @@ def compare_with_history(hub, caps: Caps, prompt: str, values: Mapping[str, Any]
             if state.stop_requested:
                 return
             state.running = True              # compare_stream cleared it at the end of the last repeat
-        before = {id(r) for r in state.runs.values()}
+        # The runs on screen before this repeat, held (not their id()s): compare_stream drops them
+        # from the state, and a freed object's id can be reused by the next Run allocated, which
+        # made a fresh run look stale now and then (no row, and the remaining repeats skipped).
+        before = list(state.runs.values())
         last: dict[str, Any] | None = None    # held back one update: the run's last one may get the history
         for update in handlers.compare_stream(hub, caps, prompt, values, include_vanilla, show_rejected, teaching,
                                               state, model):
@@ -88,8 +91,8 @@ def compare_with_history(hub, caps: Caps, prompt: str, values: Mapping[str, Any]
             if last is not None:
                 yield last
             last = update
-        fresh = all(k in state.runs and state.runs[k].origin == "live" and id(state.runs[k]) not in before
-                    for k in plan)
+        fresh = all(k in state.runs and state.runs[k].origin == "live"
+                    and not any(state.runs[k] is old for old in before) for k in plan)
         if state.stop_requested or not fresh or i + 1 < n:
             if last is not None:
                 yield last

@@ -217,6 +217,54 @@ def test_repeats_make_one_row_with_the_median_and_spread(hub):
     assert not st.running, "The tab may run again."
 
 
+def test_every_repeat_runs_even_when_a_new_run_reuses_a_freed_runs_address(hub, monkeypatch):
+    """Regression (flaky browser test: "repeat 2/3 · ✔ done", then nothing): a repeat was judged
+    fresh by the id()s of the runs on screen before it, but compare_stream drops those runs and a
+    new Run may be allocated at a freed one's address. Here each repeat rebuilds its Runs right
+    after clearing the state, so CPython hands out the freed addresses again: every repeat must
+    still run, the row must be added, and the run hub and the tab must be free afterwards."""
+    from app import handlers
+    from app.state import Run
+
+    real = SessionState()
+    list(handlers.compare_stream(hub, CAPS, REPEAT, {"max_new_tokens": 6}, True, False, False, real, None))
+    finished = {k: (r.result, r.decoder) for k, r in real.runs.items()}
+    calls, reused = [], []
+
+    def compare_stream(hub_, caps, prompt, values, include_vanilla, show_rejected, teaching, state, model=None):
+        try:
+            old = {id(r) for r in state.runs.values()}
+            state.clear()                               # frees the last repeat's Run objects
+            for key, _ in handlers.plan_methods(include_vanilla):
+                state.put(key, Run(*finished[key]))     # a fresh live run, likely at a freed address
+            reused.append(bool(old & {id(r) for r in state.runs.values()}))
+            calls.append(len(calls) + 1)
+            yield {"status": "✔ done"}
+        finally:
+            state.running = False
+
+    monkeypatch.setattr(handlers, "compare_stream", compare_stream)
+    probe = SessionState()
+    for _ in range(3):
+        list(compare_stream(hub, CAPS, REPEAT, {}, True, False, False, probe))
+    assert reused[1:] == [True, True], "the pattern under test: with nothing else holding the old Runs, " \
+                                       "the new ones take their addresses (CPython reuses freed memory)"
+    calls.clear()
+    st = SessionState()
+    for key, (result, decoder) in finished.items():     # a finished run already on screen, as in the page
+        st.put(key, Run(result, decoder))
+    st.running = True                                   # what the Run button's claim does
+    ups = list(tuning.compare_with_history(hub, CAPS, REPEAT, {"max_new_tokens": 6}, True, False, False, st,
+                                           None, repeats=3))
+    assert calls == [1, 2, 3], "All three repeats ran."
+    assert [u["status"] for u in ups[:2]] == ["repeat 1/3 · ✔ done", "repeat 2/3 · ✔ done"]
+    assert "run #1 added to the history" in ups[-1]["status"] and "repeat ×3" in ups[-1]["status"]
+    assert len(st.history.rows) == 1 and all(e.repeats == 3 for e in st.history.rows[0].entries.values())
+    assert not st.running and not st.stop_requested, "The tab may run again."
+    assert hub._step_lock.acquire(blocking=False), "No run holds the model's step lock."
+    hub._step_lock.release()
+
+
 def test_a_failed_run_adds_no_row_and_restore_gives_back_a(hub):
     st = SessionState()
     list(tuning.compare_with_history(hub, CAPS, "   ", {}, False, False, False, st, None, 2))
