@@ -185,7 +185,7 @@ def cmd_train_eagle(args) -> int:
                      seed=args.seed, init_from_last_layer=args.init_from_last_layer, init_from=args.init_from,
                      cache_features=args.cache_features, draft_vocab=args.draft_vocab,
                      ttt_depth=args.ttt_depth, ttt_decay=args.ttt_decay).validate()
-    pc = PipelineConfig(spec_bench=None if args.no_spec_bench else args.spec_bench,
+    pc = PipelineConfig(exclude_questions=list(args.exclude_questions or []), self_instruct=args.self_instruct,
                         prompts_files=list(args.prompts_file or []), builtin=not args.no_builtin_prompts,
                         max_prompts=args.max_prompts, gen_max_new_tokens=args.gen_max_new_tokens,
                         gen_batch_size=args.gen_batch_size, generate=not args.no_generate,
@@ -299,9 +299,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--init-from", default=None, metavar="DIR",
                    help="start from a saved head (config.json + weights, e.g. assets/eagle/...): fine-tune it "
                         "on new data; its draft vocabulary is recomputed from the data when --draft-vocab is set")
-    t.add_argument("--spec-bench", default="auto",
-                   help="Spec-Bench questions JSONL for prompts (default: ../shared/spec_bench/question_dev.jsonl if present)")
-    t.add_argument("--no-spec-bench", action="store_true")
+    t.add_argument("--exclude-questions", action="append", metavar="F",
+                   help="a benchmark questions JSONL whose questions must never enter the data (repeatable; the "
+                        "committed Spec-Bench dev fingerprints and ../shared/spec_bench/question_dev.jsonl, when "
+                        "present, always apply)")
+    t.add_argument("--self-instruct", action="store_true",
+                   help="also answer prompts the target writes itself from seed topics and task templates, in "
+                        "two stages (respec/train/self_instruct.py)")
     t.add_argument("--prompts-file", action="append", metavar="F",
                    help="extra prompts: JSONL (turns/prompt/text) or one per line (repeatable)")
     t.add_argument("--no-builtin-prompts", action="store_true")

@@ -278,12 +278,12 @@ def test_prompt_sets_and_sources(tmp_path):
     assert {c for c, _ in items} == set(CATEGORIES)
     f = tmp_path / "p.txt"
     f.write_text("first prompt\n\nsecond prompt\n")
-    pc = PipelineConfig(spec_bench=None, prompts_files=[str(f)], max_prompts=12)
+    pc = PipelineConfig(prompts_files=[str(f)], max_prompts=12)
     got = collect_prompts(pc)
     assert len(got) == 12 and got[0].text == "first prompt" and got[6].text == "second prompt"
     assert len({p.category for p in got}) == 6, "A cap keeps a mix of every source (round-robin)."
-    assert len({p.key for p in collect_prompts(PipelineConfig(spec_bench=None))}) == len(
-        collect_prompts(PipelineConfig(spec_bench=None)))
+    assert len({p.key for p in collect_prompts(PipelineConfig())}) == len(
+        collect_prompts(PipelineConfig()))
 
 
 def test_offline_text_is_packed_into_windows():

@@ -204,9 +204,11 @@ def generate_responses(target, prompts: Sequence[Prompt], store: ResponseStore, 
                 resp.append(int(t))
                 if t in target.eos_token_ids:
                     break
-            pending.append({"key": response_key(ids, max_new_tokens), "category": p.category, "source": p.key,
-                            "prompt_ids": ids, "response_ids": resp, "max_new_tokens": max_new_tokens,
-                            "chat": chat})
+            rec = {"key": response_key(ids, max_new_tokens), "category": p.category, "source": p.key,
+                   "prompt_ids": ids, "response_ids": resp, "max_new_tokens": max_new_tokens, "chat": chat}
+            if p.category.startswith("si1-") and p.text is not None:
+                rec["prompt_text"] = p.text          # stage-2 self-instruct prompts build on it
+            pending.append(rec)
         bar.update(len(batch))
         if len(pending) >= chunk_size:
             store.append(pending)

@@ -3,6 +3,11 @@ offline teacher-forced text -> head training -> published-format head in --out.
 
 Data directory (default `data/eagle/<target-slug>/` in the repository): the response chunk files
 of every run for that target accumulate there; rerunning generates only what is missing.
+
+No benchmark question enters the data: every prompt (and, before training, every stored record's
+decoded prompt) is checked against the committed Spec-Bench fingerprints plus every questions file
+named by `exclude_questions` (the dev split at its default path is added when present), and the run
+stops with RespecError on any overlap (`respec/train/exclusion.py`).
 """
 from __future__ import annotations
 
@@ -13,7 +18,9 @@ from pathlib import Path
 from respec.errors import ConfigError, RespecError
 from respec.train.data import (Prompt, ResponseStore, generate_responses, load_prompt_file, offline_texts,
                                passage_prompts, target_slug, text_examples, text_prompts)
+from respec.train.exclusion import BenchmarkGuard
 from respec.train.prompts import builtin_prompts
+from respec.train.self_instruct import derived_prompts, seed_prompts
 from respec.train.trainer import TrainConfig, train_eagle
 
 
@@ -29,7 +36,8 @@ def default_data_dir(slug: str) -> Path:
 
 @dataclass
 class PipelineConfig:
-    spec_bench: str | None = "auto"        # "auto": the default path if present; None: skip
+    exclude_questions: list[str] = field(default_factory=list)   # extra benchmark files to refuse
+    self_instruct: bool = False            # prompts the target writes itself (respec/train/self_instruct.py)
     prompts_files: list[str] = field(default_factory=list)
     builtin: bool = True
     max_prompts: int | None = None         # cap on prompts answered (after interleaving sources)
@@ -55,9 +63,7 @@ class PipelineConfig:
             raise ConfigError("--passage-prompts must be >= 0")
         if self.text_window is not None and self.text_window < 8:
             raise ConfigError("--text-window must be >= 8")
-        if self.spec_bench not in (None, "auto") and not Path(self.spec_bench).is_file():
-            raise RespecError(f"Spec-Bench questions file not found: {self.spec_bench}")
-        for f in self.prompts_files:
+        for f in [*self.prompts_files, *self.exclude_questions]:
             if not Path(f).is_file():
                 raise RespecError(f"prompts file not found: {f}")
         if self.generate_only and not self.generate:
@@ -66,12 +72,10 @@ class PipelineConfig:
 
 
 def collect_prompts(pc: PipelineConfig) -> list[Prompt]:
-    """Spec-Bench dev first turns, extra prompt files, the built-in sets and the long-context passage
-    prompts, interleaved round-robin so that a --max-prompts cap keeps a mix of every source."""
+    """Extra prompt files, the built-in sets and the long-context passage prompts, interleaved
+    round-robin so that a --max-prompts cap keeps a mix of every source. (Self-instruct prompts are
+    generated in stages by `generate_self_instruct`.)"""
     sources: list[list[Prompt]] = []
-    sb = default_spec_bench() if pc.spec_bench == "auto" else (Path(pc.spec_bench) if pc.spec_bench else None)
-    if sb is not None and sb.is_file():
-        sources.append(text_prompts(load_prompt_file(sb), "specbench"))
     for f in pc.prompts_files:
         sources.append(text_prompts(load_prompt_file(f), f"file:{Path(f).name}"))
     if pc.builtin:
@@ -89,6 +93,69 @@ def collect_prompts(pc: PipelineConfig) -> list[Prompt]:
     return out if pc.max_prompts is None else out[:pc.max_prompts]
 
 
+def benchmark_guard(pc: PipelineConfig) -> BenchmarkGuard:
+    extra = list(pc.exclude_questions)
+    if default_spec_bench().is_file():
+        extra.append(str(default_spec_bench()))
+    return BenchmarkGuard.load(extra)
+
+
+def check_prompts(guard: BenchmarkGuard, prompts: list[Prompt], tokenizer) -> None:
+    guard.check_prompts((p.key, p.text if p.text is not None else tokenizer.decode(list(p.ids))) for p in prompts)
+
+
+def check_store(guard: BenchmarkGuard, store: ResponseStore, tokenizer) -> None:
+    """Refuse to train on stored responses whose prompt overlaps a benchmark question."""
+    guard.check_prompts(((f"{r['key']} ({r.get('source', '?')})", tokenizer.decode(r["prompt_ids"]))
+                         for r in store.records()), what=f"stored responses in {store.dir}")
+
+
+# per material kind: a short cap keeps batches of short answers from waiting on long ones
+_STAGE1_CAPS = {"si1-question": 64, "si1-german": 128, "si1-problem": 128}
+_MATERIAL = ("si1-question", "si1-article", "si1-problem", "si1-german")
+
+
+def _message_prompts(items, tokenizer) -> list[Prompt]:
+    import hashlib
+    import json as _json
+    from respec.models.loading import encode_prompt
+    out = []
+    for category, msgs in items:
+        key = hashlib.sha1(_json.dumps(msgs).encode("utf-8")).hexdigest()[:16]
+        out.append(Prompt(key=f"self-instruct:{key}", category=category, ids=tuple(encode_prompt(tokenizer, msgs))))
+    return out
+
+
+def generate_self_instruct(target, store: ResponseStore, pc: PipelineConfig, guard: BenchmarkGuard, *,
+                           progress: bool, log) -> int:
+    """Stage 1 material (questions, articles, problems, German text), then stage 2 built from it,
+    then the directly answered stage-1 tasks, then stage 2 again (multi-turn continuations of those).
+    Every step skips what the store already holds, so an interrupted run resumes."""
+    seeds = seed_prompts()
+    added = 0
+
+    def gen(prompts: list[Prompt], cap: int) -> None:
+        nonlocal added
+        check_prompts(guard, prompts, target.tokenizer)
+        added += generate_responses(target, prompts, store, max_new_tokens=cap, batch_size=pc.gen_batch_size,
+                                    progress=progress)
+
+    def stage2() -> None:
+        items = derived_prompts(store.records(), lambda ids: target.tokenizer.decode(ids, skip_special_tokens=True))
+        texts = text_prompts([(c, p) for c, p in items if isinstance(p, str)], "self-instruct")
+        msgs = _message_prompts([(c, p) for c, p in items if not isinstance(p, str)], target.tokenizer)
+        log(f"self-instruct stage 2: {len(texts)} prompts + {len(msgs)} multi-turn continuations")
+        gen(texts + msgs, pc.gen_max_new_tokens)
+
+    for kind in _MATERIAL:
+        gen(text_prompts([x for x in seeds if x[0] == kind], "self-instruct"),
+            _STAGE1_CAPS.get(kind, pc.gen_max_new_tokens))
+    stage2()
+    gen(text_prompts([x for x in seeds if x[0] not in _MATERIAL], "self-instruct"), pc.gen_max_new_tokens)
+    stage2()
+    return added
+
+
 def run_pipeline(target, out_dir: str | Path, pc: PipelineConfig, tc: TrainConfig, *, resume: bool = False,
                  progress: bool = True, log=None) -> dict:
     log = log or (lambda m: print(m, file=sys.stderr))
@@ -96,12 +163,17 @@ def run_pipeline(target, out_dir: str | Path, pc: PipelineConfig, tc: TrainConfi
     tc.validate()
     slug = target_slug(target)
     store = ResponseStore(pc.data_dir or default_data_dir(slug))
+    guard = benchmark_guard(pc)
     if pc.generate:
         prompts = collect_prompts(pc)
+        check_prompts(guard, prompts, target.tokenizer)
         log(f"{len(prompts)} prompts; responses stored in {store.dir}")
         added = generate_responses(target, prompts, store, max_new_tokens=pc.gen_max_new_tokens,
                                    batch_size=pc.gen_batch_size, progress=progress)
+        if pc.self_instruct:
+            added += generate_self_instruct(target, store, pc, guard, progress=progress, log=log)
         log(f"generated {added} new responses")
+    check_store(guard, store, target.tokenizer)
     examples = store.examples()
     log(f"self-distillation: {len(examples)} responses, "
         f"{sum(len(e.ids) - e.start for e in examples)} response tokens")
