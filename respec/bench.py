@@ -122,12 +122,14 @@ def parse_bench_methods(text: str | Sequence[str]) -> list[str]:
 
 def _record(q: Question, method: str, *, new_tokens: int, wall: float, steps: int, committed: int,
             tokens: list[int], texts: list[str], hist: list[int], relaxed: int = 0, retrieval_steps: int = 0,
-            fired: int = 0, nll: float | None = None, margins: list[float] | None = None) -> dict[str, Any]:
+            fired: int = 0, nll: float | None = None, margins: list[float] | None = None,
+            multi_chosen: int = 0, branching: int = 0) -> dict[str, Any]:
     rec = {"question_id": q.question_id, "category": q.category, "method": method,
            "new_tokens": new_tokens, "wall_s": wall, "tokens_per_s": new_tokens / wall if wall > 0 else 0.0,
            "steps": steps, "mean_accepted": committed / steps if steps else 1.0,
            "committed": committed, "relaxed_tokens": relaxed, "retrieval_steps": retrieval_steps,
            "trigger_fired": fired, "nll_per_token": nll, "accept_hist": hist,
+           "multi_chosen_steps": multi_chosen, "branching_steps": branching,
            "text": "\n\n".join(texts), "tokens": tokens}
     if margins is not None:
         rec["margins"] = [round(float(m), 4) for m in margins]
@@ -147,7 +149,7 @@ def run_question(runner, q: Question, config: EngineConfig, score_nll: bool = Fa
     output's negative log-likelihood under the target is measured per turn."""
     messages: list[dict] = []
     nll_sum, nll_n = 0.0, 0
-    relaxed = retrieval_steps = fired = 0
+    relaxed = retrieval_steps = fired = multi_chosen = branching = 0
     tokens: list[int] = []
     margins: list[float] = []
     texts: list[str] = []
@@ -166,6 +168,11 @@ def run_question(runner, q: Question, config: EngineConfig, score_nll: bool = Fa
         relaxed += sum(s.verdict.num_relaxed for s in result.steps)
         retrieval_steps += sum(1 for s in result.steps if s.source == "retrieval")
         fired += sum(1 for s in result.steps if s.decision is not None and s.decision.fired)
+        for s in result.steps:          # retrieval steps that chose >= 2 candidates: did >= 2 reach the trie?
+            chosen = [c for c in s.candidates if "draft" in c] if s.source == "retrieval" else []
+            if len(chosen) >= 2:
+                multi_chosen += 1
+                branching += sum(1 for c in chosen if c.get("proposed", 0) > 0) >= 2
         _add_hist(hist, result.stats.accept_length_hist)
         if score_nll:
             total, n = runner.target.nll(result.prompt_tokens, result.tokens)
@@ -173,6 +180,7 @@ def run_question(runner, q: Question, config: EngineConfig, score_nll: bool = Fa
         committed += sum(len(s.new_tokens) for s in result.steps)
         wall += result.wall_time_s
     return _record(q, config.method, new_tokens=new_tokens, wall=wall, steps=steps, committed=committed,
+                   multi_chosen=multi_chosen, branching=branching,
                    tokens=tokens, texts=texts, hist=hist, relaxed=relaxed, retrieval_steps=retrieval_steps,
                    fired=fired, nll=nll_sum / nll_n if nll_n else None, margins=margins if keep_margins else None)
 
@@ -467,6 +475,7 @@ def summarize(df: "pandas.DataFrame") -> "pandas.DataFrame":
                          "retrieval_step_share": float(g.retrieval_steps.sum() / g.steps.sum()) if g.steps.sum() else 0.0,
                          "trigger_rate": float(g.trigger_fired.sum() / g.steps.sum()) if g.steps.sum() else 0.0,
                          "relaxed_per_token": float(g.relaxed_tokens.sum() / g.new_tokens.sum()) if g.new_tokens.sum() else 0.0,
+                         "trie_branching": _branching(g),
                          **spread})
     out = pd.DataFrame(rows)
     out.insert(4, "speedup_vs_vanilla", [r["tokens_per_s"] / vanilla_speed[r["category"]]
@@ -474,10 +483,19 @@ def summarize(df: "pandas.DataFrame") -> "pandas.DataFrame":
     return out
 
 
+def _branching(g) -> float:
+    """Among retrieval steps that chose >= 2 candidates, the share with >= 2 of them in the verified
+    trie (NaN when no step chose two; records written before the column existed count as none)."""
+    if "multi_chosen_steps" not in g:
+        return float("nan")
+    n = g.multi_chosen_steps.fillna(0).sum()
+    return float(g.branching_steps.fillna(0).sum() / n) if n else float("nan")
+
+
 SUMMARY_COLUMNS = {"questions": "{:.0f}", "tokens_per_s": "{:.1f}", "speedup_vs_vanilla": "{:.2f}x",
                    "mean_accepted": "{:.2f}", "exact_match_rate": "{:.2f}", "lossless_rate": "{:.2f}",
                    "rouge_l_vs_vanilla": "{:.2f}", "nll_ratio": "{:.3f}", "retrieval_step_share": "{:.2f}",
-                   "trigger_rate": "{:.2f}", "relaxed_per_token": "{:.3f}"}
+                   "trigger_rate": "{:.2f}", "relaxed_per_token": "{:.3f}", "trie_branching": "{:.2f}"}
 
 
 def _repeated(summary: "pandas.DataFrame") -> bool:

@@ -47,6 +47,19 @@ def test_summary_maths_on_hand_made_records():
     assert overall.tokens_per_s == pytest.approx((10 + 5 + 4) / 3) and overall.speedup_vs_vanilla == 1.0
     md = summary_table_markdown(summarize(pd.DataFrame(records)))
     assert "| qa | sam | 2 | 15.0 | 2.00x | 2.00 |" in md
+    assert rag.trie_branching != rag.trie_branching, "Records without the branching counts: no figure (NaN)."
+
+
+def test_trie_branching_share_counts_steps_that_chose_two_candidates():
+    recs = [{**_rec(1, "rag", "respec", new=8, wall=1.0, steps=4, committed=7), "multi_chosen_steps": 4,
+             "branching_steps": 3},
+            {**_rec(2, "rag", "respec", new=8, wall=1.0, steps=4, committed=7), "multi_chosen_steps": 0,
+             "branching_steps": 0},
+            {**_rec(1, "rag", "sam", new=8, wall=1.0, steps=4, committed=7), "multi_chosen_steps": 0,
+             "branching_steps": 0}]
+    s = summarize(pd.DataFrame(recs)).set_index(["category", "method"])
+    assert s.loc[("rag", "respec")].trie_branching == pytest.approx(3 / 4)
+    assert s.loc[("rag", "sam")].trie_branching != s.loc[("rag", "sam")].trie_branching
 
 
 def test_compare_to_vanilla_uses_the_divergence_gap():
