@@ -182,7 +182,12 @@ def seed_prompts(seed: int = 0) -> list[tuple[str, str]]:
     ("si1-<category>"); deterministic. Two seed sets, each with its own random stream."""
     first = _first_seed_set(random.Random(seed))
     seen = {t for _, t in first}
-    return first + [x for x in _second_seed_set(random.Random(seed + 1)) if x[1] not in seen]
+    out = list(first)
+    for c, t in _second_seed_set(random.Random(seed + 1)):
+        if t not in seen:                   # a problem prompt can repeat (same scenario and number)
+            seen.add(t)
+            out.append((c, t))
+    return out
 
 
 def _first_seed_set(rng: random.Random) -> list[tuple[str, str]]:
