@@ -183,7 +183,8 @@ def cmd_train_eagle(args) -> int:
                      warmup=args.warmup, grad_clip=args.grad_clip, noise=args.noise,
                      val_fraction=args.val_fraction, eval_every=args.eval_every, save_every=args.save_every,
                      seed=args.seed, init_from_last_layer=args.init_from_last_layer, init_from=args.init_from,
-                     cache_features=args.cache_features, draft_vocab=args.draft_vocab,
+                     cache_features=args.cache_features or bool(args.feature_store),
+                     feature_store=args.feature_store, draft_vocab=args.draft_vocab,
                      ttt_depth=args.ttt_depth, ttt_decay=args.ttt_decay).validate()
     pc = PipelineConfig(exclude_questions=list(args.exclude_questions or []), self_instruct=args.self_instruct,
                         prompts_files=list(args.prompts_file or []), builtin=not args.no_builtin_prompts,
@@ -281,6 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--noise", type=float, default=0.2, help="uniform feature noise width")
     t.add_argument("--cache-features", action="store_true",
                    help="compute target features once and keep them in memory (tokens x hidden x 2 bytes)")
+    t.add_argument("--feature-store", default=None, metavar="FILE",
+                   help="keep the cached features in this safetensors file (implies --cache-features): a "
+                        "later run reuses every example's features found there (tokens x hidden x 2 bytes)")
     t.add_argument("--draft-vocab", type=int, default=0,
                    help="cross-entropy and drafting over the N most frequent next tokens of the training "
                         "data (0 = full vocabulary); saved with the head as d2t")

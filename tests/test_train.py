@@ -186,6 +186,27 @@ def test_feature_cache_equals_recomputed_features(llama_data):
         assert not got[b, n:].any()
 
 
+def test_feature_store_on_disk_is_reused_and_extended(llama_data, tmp_path, monkeypatch):
+    """A second cache over the same store computes only the examples the file lacks, and gives the
+    same features; an example whose ids changed is recomputed, not served stale."""
+    import respec.train.trainer as trainer
+    target, store = llama_data
+    ex = store.examples()[:8]
+    path = tmp_path / "features.safetensors"
+    first = FeatureCache(target, ex[:5], max_len=20, batch_tokens=64, progress=False, store=path)
+    calls = []
+    real = trainer.target_features
+    monkeypatch.setattr(trainer, "target_features", lambda t, ids: calls.append(ids.shape[0]) or real(t, ids))
+    changed = dataclasses.replace(ex[0], ids=ex[0].ids[:-1] + ((ex[0].ids[-1] + 1) % 50,))
+    second = FeatureCache(target, [changed] + ex[1:], max_len=20, batch_tokens=64, progress=False, store=path)
+    assert sum(calls) == 4, "Only the 3 new examples and the changed one are computed."
+    for e in ex[1:5]:
+        assert torch.equal(second.feats[e.key], first.feats[e.key])
+    calls.clear()
+    FeatureCache(target, ex, max_len=12, batch_tokens=64, progress=False, store=path)
+    assert sum(calls) == 1, "Shorter max_len reuses prefixes; only the original ex[0] (no longer stored) is computed."
+
+
 def test_cached_reduced_vocab_training_matches_and_still_learns(llama_data, tmp_path):
     target, store = llama_data
     ex = store.examples()

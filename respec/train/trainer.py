@@ -35,6 +35,7 @@ final head files. `resume=True` continues from the checkpoint's step (to a possi
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -76,6 +77,7 @@ class TrainConfig:
     init_from_last_layer: bool = False
     init_from: str | None = None       # a saved head (published format) to start from: fine-tuning
     cache_features: bool = False
+    feature_store: str | None = None   # safetensors file the feature cache is read from and written to
     draft_vocab: int = 0               # 0 = full vocabulary in the cross-entropy
     ttt_depth: int = 1                 # training-time test: unroll the head this many draft depths
     ttt_decay: float = 0.8             # loss weight of unrolled depth d (0-based) is ttt_decay ** d
@@ -173,10 +175,16 @@ class FeatureCache:
     dtype on the CPU. Examples are batched by similar length so little padding is computed."""
 
     def __init__(self, target, examples: Sequence[Example], max_len: int, batch_tokens: int = 4096,
-                 progress: bool = True) -> None:
+                 progress: bool = True, store: Path | None = None) -> None:
+        """With `store` (a safetensors file), features found there for the same example (its key
+        and token ids) and at least the needed length are reused, and the file is rewritten with
+        every example's features after computing the rest: a later run skips the target forwards."""
         from tqdm.auto import tqdm
         self.feats: dict[str, torch.Tensor] = {}
-        todo = sorted({e.key: e for e in examples}.values(), key=lambda e: len(e.ids))
+        wanted = {e.key: e for e in examples}
+        saved = self._load(store, wanted, max_len) if store is not None and Path(store).is_file() else {}
+        self.feats.update(saved)
+        todo = sorted((e for k, e in wanted.items() if k not in saved), key=lambda e: len(e.ids))
         bar = tqdm(total=sum(min(len(e.ids), max_len) for e in todo), desc="target features", unit="tok",
                    disable=not progress)
         i = 0
@@ -193,6 +201,33 @@ class FeatureCache:
                 bar.update(n)
             i = j
         bar.close()
+        if store is not None and todo:
+            self._save(Path(store), wanted)
+
+    @staticmethod
+    def _name(e: Example) -> str:
+        ids = hashlib.sha1(",".join(map(str, e.ids)).encode()).hexdigest()[:16]
+        return f"{e.key}|{ids}"
+
+    def _load(self, store: Path, wanted: dict[str, Example], max_len: int) -> dict[str, torch.Tensor]:
+        from safetensors import safe_open
+        out = {}
+        with safe_open(str(store), framework="pt") as f:
+            names = set(f.keys())
+            for k, e in wanted.items():
+                name = self._name(e)
+                if name in names:
+                    t = f.get_tensor(name)
+                    if t.shape[0] >= min(len(e.ids), max_len):
+                        out[k] = t[:min(len(e.ids), max_len)].clone()
+        return out
+
+    def _save(self, store: Path, wanted: dict[str, Example]) -> None:
+        from safetensors.torch import save_file
+        store.parent.mkdir(parents=True, exist_ok=True)
+        tmp = store.with_name(f".{store.name}.tmp")
+        save_file({self._name(e): self.feats[k].contiguous() for k, e in wanted.items()}, str(tmp))
+        os.replace(tmp, store)
 
     def batch(self, examples: Sequence[Example], T: int) -> torch.Tensor:
         """[B, T, H] right-padded with zeros (padding is never covered by the loss mask)."""
@@ -436,6 +471,7 @@ def train_eagle(target, examples: Sequence[Example], out_dir: str | Path, cfg: T
         # (speed options may change too: they do not change what is learned, only how fast)
         cfg = dataclasses.replace(saved, steps=cfg.steps, eval_every=cfg.eval_every,
                                   save_every=cfg.save_every, cache_features=cfg.cache_features,
+                                  feature_store=cfg.feature_store,
                                   draft_vocab=cfg.draft_vocab).validate()
         if state["step"] >= cfg.steps:
             log(f"checkpoint is already at step {state['step']} >= --steps {cfg.steps}; writing the head only")
@@ -470,7 +506,8 @@ def train_eagle(target, examples: Sequence[Example], out_dir: str | Path, cfg: T
         log(f"cross-entropy and drafting over the {len(vocab)} most frequent next tokens of the training data")
     cache = None
     if cfg.cache_features and step < cfg.steps:
-        cache = FeatureCache(target, train + val, cfg.max_len, progress=progress)
+        store = Path(cfg.feature_store) if cfg.feature_store else None
+        cache = FeatureCache(target, train + val, cfg.max_len, progress=progress, store=store)
     out.mkdir(parents=True, exist_ok=True)
     (out / "train_config.json").write_text(json.dumps(
         {**dataclasses.asdict(cfg), "target": slug, "train_examples": len(train), "val_examples": len(val),
