@@ -156,6 +156,15 @@ SCENARIOS_2 = ["a swimming pool", "a pizza order", "a bus timetable", "a savings
                "a fruit stall", "a cinema", "a marathon training plan", "a fish tank", "a birthday party"]
 
 
+_ARTICLE_STYLES = ("", " Write it in a neutral tone.", " Start with the most important fact.",
+                   " Quote one person involved.", " End with what happens next.")
+
+
+def _article_prompts(events: Sequence[str]) -> list[tuple[str, str]]:
+    return [("si1-article", _STAGE1_MATERIAL["si1-article"].format(event=e) + style)
+            for e in events for style in _ARTICLE_STYLES]
+
+
 def _second_seed_set(rng: random.Random) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     for topic in TOPICS_2:
@@ -166,10 +175,7 @@ def _second_seed_set(rng: random.Random) -> list[tuple[str, str]]:
         out.append(("si1-roleplay", f"Pretend you are {rng.choice(ROLES)}. Explain {topic} to a visitor."))
         out.append(("si1-stem", f"What are the most important facts to know about {topic}? Explain each briefly."))
         out.append(("si1-humanities", f"Describe the history of {topic} and its influence on everyday life."))
-    for event in EVENTS_2:
-        for style in ("", " Write it in a neutral tone.", " Start with the most important fact.",
-                      " Quote one person involved.", " End with what happens next."):
-            out.append(("si1-article", _STAGE1_MATERIAL["si1-article"].format(event=event) + style))
+    out += _article_prompts(EVENTS_2)
     for scenario in SCENARIOS_2:
         for _ in range(10):
             out.append(("si1-problem", _STAGE1_MATERIAL["si1-problem"].format(scenario=scenario).replace(
@@ -202,10 +208,7 @@ def _first_seed_set(rng: random.Random) -> list[tuple[str, str]]:
         out.append(("si1-roleplay", f"Pretend you are {role}. Tell me about {topic} in your own voice."))
         out.append(("si1-stem", f"Explain how {topic} works, step by step, for a curious adult."))
         out.append(("si1-humanities", f"What role has {topic} played in society, and how might that change?"))
-    for event in EVENTS:
-        for style in ("", " Write it in a neutral tone.", " Start with the most important fact.",
-                      " Quote one person involved.", " End with what happens next."):
-            out.append(("si1-article", _STAGE1_MATERIAL["si1-article"].format(event=event) + style))
+    out += _article_prompts(EVENTS)
     for scenario in SCENARIOS:
         for _ in range(6):
             out.append(("si1-problem", _STAGE1_MATERIAL["si1-problem"].format(scenario=scenario)))
