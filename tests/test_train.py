@@ -139,6 +139,15 @@ def test_left_padded_batched_generation_equals_vanilla(llama_data):
     assert generate_responses(target, _prompts(100), store, max_new_tokens=32, batch_size=16,
                               progress=False) == 4
     assert len(store.records()) == 100
+    assert not any("prompt_text" in r for r in store.records())
+
+
+def test_keep_text_stores_the_prompt_text_for_later_stages(tmp_path):
+    target = make_target("llama")
+    store = ResponseStore(tmp_path / "s")
+    p = [Prompt(key="a", category="c", text="write a question", ids=(3, 4, 5)), Prompt(key="b", category="c", ids=(6, 7))]
+    generate_responses(target, p, store, max_new_tokens=4, batch_size=2, progress=False, keep_text=True)
+    assert sorted(r.get("prompt_text", "-") for r in store.records()) == ["-", "write a question"]
 
 
 def test_training_lowers_loss_raises_top1_and_output_loads_back(llama_data, tmp_path):

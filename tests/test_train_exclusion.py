@@ -66,7 +66,7 @@ def test_committed_fingerprints_are_those_of_the_dev_split(tmp_path):
 
 def test_every_prompt_source_is_free_of_benchmark_questions():
     guard = BenchmarkGuard.load()
-    prompts = builtin_prompts() + [x for x in seed_prompts()] + passage_prompts(120)
+    prompts = builtin_prompts() + seed_prompts() + passage_prompts(120)
     assert not [t for _, t in prompts if guard.matches(t)]
 
 

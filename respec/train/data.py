@@ -170,9 +170,11 @@ def encode_prompts(target, prompts: Sequence[Prompt], chat: bool = True, max_pro
 
 @torch.inference_mode()
 def generate_responses(target, prompts: Sequence[Prompt], store: ResponseStore, *, max_new_tokens: int = 256,
-                       batch_size: int = 8, chunk_size: int = 64, chat: bool = True, progress: bool = True) -> int:
+                       batch_size: int = 8, chunk_size: int = 64, chat: bool = True, progress: bool = True,
+                       keep_text: bool = False) -> int:
     """Answer every prompt not yet in `store` with the target's greedy output (batched, left-padded
-    `model.generate`), writing a chunk file every `chunk_size` answers. Returns the number added."""
+    `model.generate`), writing a chunk file every `chunk_size` answers. Returns the number added.
+    With `keep_text`, a text prompt's text is stored too ("prompt_text"), for prompts built on it later."""
     from tqdm.auto import tqdm
 
     if max_new_tokens < 1 or batch_size < 1 or chunk_size < 1:
@@ -206,8 +208,8 @@ def generate_responses(target, prompts: Sequence[Prompt], store: ResponseStore, 
                     break
             rec = {"key": response_key(ids, max_new_tokens), "category": p.category, "source": p.key,
                    "prompt_ids": ids, "response_ids": resp, "max_new_tokens": max_new_tokens, "chat": chat}
-            if p.category.startswith("si1-") and p.text is not None:
-                rec["prompt_text"] = p.text          # stage-2 self-instruct prompts build on it
+            if keep_text and p.text is not None:
+                rec["prompt_text"] = p.text
             pending.append(rec)
         bar.update(len(batch))
         if len(pending) >= chunk_size:

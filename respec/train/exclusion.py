@@ -1,7 +1,7 @@
 """Keeping benchmark questions out of head training data.
 
 Contract:
-- `fingerprints(texts)` -> the set of fingerprints of benchmark texts: for every text (every turn of
+- `text_fingerprints(text)` / `BenchmarkGuard.from_texts(texts)`: for every text (every turn of
   every question), the hashes of its first, middle and last window of `NGRAM` normalised words (the
   whole text when it is shorter). A prompt that contains a benchmark question verbatim (up to case,
   punctuation and spacing) contains all three windows, so it matches; a prompt sharing any one window

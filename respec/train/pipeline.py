@@ -11,6 +11,8 @@ stops with RespecError on any overlap (`respec/train/exclusion.py`).
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,10 +96,8 @@ def collect_prompts(pc: PipelineConfig) -> list[Prompt]:
 
 
 def benchmark_guard(pc: PipelineConfig) -> BenchmarkGuard:
-    extra = list(pc.exclude_questions)
-    if default_spec_bench().is_file():
-        extra.append(str(default_spec_bench()))
-    return BenchmarkGuard.load(extra)
+    dev = default_spec_bench()
+    return BenchmarkGuard.load([*pc.exclude_questions, *([str(dev)] if dev.is_file() else [])])
 
 
 def check_prompts(guard: BenchmarkGuard, prompts: list[Prompt], tokenizer) -> None:
@@ -116,12 +116,10 @@ _MATERIAL = ("si1-question", "si1-article", "si1-problem", "si1-german")
 
 
 def _message_prompts(items, tokenizer) -> list[Prompt]:
-    import hashlib
-    import json as _json
     from respec.models.loading import encode_prompt
     out = []
     for category, msgs in items:
-        key = hashlib.sha1(_json.dumps(msgs).encode("utf-8")).hexdigest()[:16]
+        key = hashlib.sha1(json.dumps(msgs).encode("utf-8")).hexdigest()[:16]
         out.append(Prompt(key=f"self-instruct:{key}", category=category, ids=tuple(encode_prompt(tokenizer, msgs))))
     return out
 
@@ -134,11 +132,11 @@ def generate_self_instruct(target, store: ResponseStore, pc: PipelineConfig, gua
     seeds = seed_prompts()
     added = 0
 
-    def gen(prompts: list[Prompt], cap: int) -> None:
+    def gen(prompts: list[Prompt], cap: int, stage1: bool = False) -> None:
         nonlocal added
         check_prompts(guard, prompts, target.tokenizer)
         added += generate_responses(target, prompts, store, max_new_tokens=cap, batch_size=pc.gen_batch_size,
-                                    progress=progress)
+                                    progress=progress, keep_text=stage1)   # stage 2 builds on stage-1 prompts
 
     def stage2() -> None:
         items = derived_prompts(store.records(), lambda ids: target.tokenizer.decode(ids, skip_special_tokens=True))
@@ -149,9 +147,10 @@ def generate_self_instruct(target, store: ResponseStore, pc: PipelineConfig, gua
 
     for kind in _MATERIAL:
         gen(text_prompts([x for x in seeds if x[0] == kind], "self-instruct"),
-            _STAGE1_CAPS.get(kind, pc.gen_max_new_tokens))
+            _STAGE1_CAPS.get(kind, pc.gen_max_new_tokens), stage1=True)
     stage2()
-    gen(text_prompts([x for x in seeds if x[0] not in _MATERIAL], "self-instruct"), pc.gen_max_new_tokens)
+    gen(text_prompts([x for x in seeds if x[0] not in _MATERIAL], "self-instruct"), pc.gen_max_new_tokens,
+        stage1=True)
     stage2()
     return added
 

@@ -178,8 +178,7 @@ def _second_seed_set(rng: random.Random) -> list[tuple[str, str]]:
     out += _article_prompts(EVENTS_2)
     for scenario in SCENARIOS_2:
         for _ in range(10):
-            out.append(("si1-problem", _STAGE1_MATERIAL["si1-problem"].format(scenario=scenario).replace(
-                "two or three steps", f"two or three steps and uses the number {rng.randint(3, 95)}")))
+            out.append(("si1-problem", _numbered(_STAGE1_MATERIAL["si1-problem"].format(scenario=scenario), rng)))
     return out
 
 
@@ -222,12 +221,17 @@ def _first_seed_set(rng: random.Random) -> list[tuple[str, str]]:
     return out
 
 
+def _numbered(problem_prompt: str, rng: random.Random) -> str:
+    """A word-problem prompt that must use a drawn number (identical prompts differ by it)."""
+    return problem_prompt.replace("two or three steps", f"two or three steps and uses the number {rng.randint(3, 95)}")
+
+
 def _dedupe_problems(items: list[tuple[str, str]], rng: random.Random) -> list[tuple[str, str]]:
     seen: set[str] = set()
     out = []
     for c, t in items:
         if c == "si1-problem":
-            t = t.replace("two or three steps", f"two or three steps and uses the number {rng.randint(3, 95)}")
+            t = _numbered(t, rng)
         if t not in seen:
             seen.add(t)
             out.append((c, t))
@@ -259,7 +263,7 @@ def derived_prompts(records: Sequence[dict], decode: Callable[[Sequence[int]], s
         if q.endswith("?") and len(q) < 400:
             out.append(("si2-qa", q))
     articles = [a for _, a in by_kind.get("si1-article", [])]
-    for i, a in enumerate(articles):
+    for a in articles:
         for j in rng.sample(range(len(_ARTICLE_TASKS)), 3):
             cat, tpl = _ARTICLE_TASKS[j]
             out.append((f"si2-{cat}", tpl.format(a=a)))
