@@ -76,7 +76,7 @@ def cmd_generate(args) -> int:
     from respec.runner import parse_methods
     from respec.trace import result_to_json
 
-    from respec.models.loading import prompt_messages
+    from respec.prompting import prompt_messages
 
     prompt_messages(args.prompt)                      # prompt, method and settings fail before the model loads
     parse_methods(args.method)

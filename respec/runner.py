@@ -116,7 +116,7 @@ class Runner:
 
     def encode(self, prompt: str | list[dict], chat: bool = True, max_tokens: int | None = None) -> list[int]:
         """Prompt -> ids; PromptError if empty, not text, or over `max_tokens` (a deployment cap)."""
-        from respec.models.loading import encode_prompt
+        from respec.prompting import encode_prompt
         return encode_prompt(self.tokenizer, prompt, chat=chat, max_tokens=max_tokens)
 
     def meta(self, config: EngineConfig, prompt: str | list[dict] | None = None) -> dict:

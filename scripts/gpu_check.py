@@ -79,7 +79,7 @@ def environment(device: str) -> dict:
     from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2Model
 
     from respec.models.compat import cache_kwarg, check_transformers
-    from respec.models.loading import resolve_dtype
+    from respec.models.devices import resolve_dtype
 
     env = {"torch": torch.__version__, "transformers": transformers.__version__,
            "transformers_file": transformers.__file__, "python": platform.python_version(), "device": device}
@@ -209,7 +209,7 @@ def random_7b(device: str):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from respec.models.hf import HFTarget
-    from respec.models.loading import resolve_dtype
+    from respec.models.devices import resolve_dtype
 
     cfg = LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
                       num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096,
@@ -226,7 +226,7 @@ def speed_target(spec: str, device: str):
 
     from respec.models import load_target
     from respec.models.hf import HFTarget
-    from respec.models.loading import default_cache_dir
+    from respec.models.default_model import default_cache_dir
     from respec.models.tiny import EOS, tiny_llama
 
     if spec == "auto":

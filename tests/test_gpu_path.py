@@ -18,7 +18,8 @@ from respec.drafters import make_drafter
 from respec.drafters.eagle2 import Eagle2Drafter, load_eagle_head, random_head, save_eagle_head
 from respec.engine import Engine
 from respec.errors import ConfigError, ModelLoadError
-from respec.models import compat, loading
+from respec import prompting
+from respec.models import compat, devices
 from respec.models.hf import HFTarget
 from respec.models.tiny import tiny_llama
 from respec.runner import ModelChoice, Runner, parse_model_choices
@@ -219,11 +220,11 @@ def test_offload_next_to_gpus_is_refused_but_a_cpu_model_is_fine():
 def test_a_model_too_big_for_all_gpus_is_refused_before_loading(monkeypatch):
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (8 * 2**30, 16 * 2**30))
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(loading, "_estimated_bytes", lambda config, dtype: 20 * 2**30)
+    monkeypatch.setattr(devices, "estimated_bytes", lambda config, dtype: 20 * 2**30)
     with pytest.raises(ModelLoadError, match="2 visible GPU.*offloading to the CPU is refused"):
-        loading._needs_device_map(None, torch.bfloat16, torch.device("cuda", 0), "big/model")
-    monkeypatch.setattr(loading, "_estimated_bytes", lambda config, dtype: 12 * 2**30)
-    assert loading._needs_device_map(None, torch.bfloat16, torch.device("cuda", 0)), "fits on two: spread"
+        devices.needs_device_map(None, torch.bfloat16, torch.device("cuda", 0), "big/model")
+    monkeypatch.setattr(devices, "estimated_bytes", lambda config, dtype: 12 * 2**30)
+    assert devices.needs_device_map(None, torch.bfloat16, torch.device("cuda", 0)), "fits on two: spread"
 
 
 # ------------------------------------------------------------------------------- several GPUs
@@ -314,7 +315,7 @@ def test_a_head_whose_shapes_do_not_match_its_config_is_a_model_load_error(tmp_p
 def test_gpus_without_native_bf16_get_fp16_except_qwen2(monkeypatch, native, emulated, model_type, want):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported",
                         lambda including_emulation=True: emulated if including_emulation else native)
-    assert loading.resolve_dtype("auto", torch.device("cuda"), model_type) == want
+    assert devices.resolve_dtype("auto", torch.device("cuda"), model_type) == want
 
 
 # ------------------------------------------------------------------------------- Vicuna
@@ -326,16 +327,16 @@ def test_a_vicuna_tokenizer_without_a_template_gets_the_vicuna_conversation_form
                                      unk_token="[UNK]"))
     raw.pre_tokenizer = pre_tokenizers.Whitespace()
     tok = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="[UNK]", bos_token="<s>", eos_token="</s>")
-    assert loading.conversation_format(tok) is None, "no template and no vicuna name: plain text"
-    plain = loading.encode_prompt(tok, "hi")
+    assert prompting.conversation_format(tok) is None, "no template and no vicuna name: plain text"
+    plain = prompting.encode_prompt(tok, "hi")
     tok.respec_model_name = "lmsys/vicuna-7b-v1.3"
-    assert loading.conversation_format(tok) == "vicuna"
-    text = loading.vicuna_prompt([{"role": "user", "content": "hi"}])
-    assert text == (loading.VICUNA_SYSTEM + " USER: hi ASSISTANT:")
-    assert loading.vicuna_prompt([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+    assert prompting.conversation_format(tok) == "vicuna"
+    text = prompting.vicuna_prompt([{"role": "user", "content": "hi"}])
+    assert text == (prompting.VICUNA_SYSTEM + " USER: hi ASSISTANT:")
+    assert prompting.vicuna_prompt([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
                                   {"role": "user", "content": "c"}]).endswith(
         " USER: a ASSISTANT: b</s>USER: c ASSISTANT:")
-    ids = loading.encode_prompt(tok, "hi")
+    ids = prompting.encode_prompt(tok, "hi")
     assert ids != plain and ids[-2:] == [4, 5], "the Vicuna format ends in 'ASSISTANT:'"
     assert ids == tok(text, add_special_tokens=True)["input_ids"], "with the tokenizer's own BOS, as EAGLE's scripts"
 

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.slow
 def test_load_script_passes_on_a_small_load(tmp_path):
-    from respec.models.loading import default_cache_dir
+    from respec.models.default_model import default_cache_dir
     if not (default_cache_dir() / "config.json").is_file():
         pytest.skip("the default model is not in the local cache (run scripts/setup.sh)")
     out = tmp_path / "load.json"

@@ -9,9 +9,13 @@ import pytest
 import torch
 
 from respec.errors import ConfigError, ModelLoadError, PromptError
-from respec.models import loading
-from respec.models.loading import default_cache_dir, encode_prompt, load_model, resolve_dtype
+from respec.models import default_model as default_source
+from respec.models import devices
+from respec.models.default_model import default_cache_dir
+from respec.models.devices import resolve_dtype
+from respec.models.loading import load_model
 from respec.models.tiny import EOS, tiny_llama, tiny_loaded, tiny_qwen2
+from respec.prompting import encode_prompt
 
 
 # ---------------------------------------------------------------------------------------- prompts ----
@@ -70,8 +74,8 @@ def empty_cache(tmp_path, monkeypatch):
     """An empty $RESPEC_CACHE, no $RESPEC_DEFAULT_GGUF, no project models folder, no installed package."""
     monkeypatch.setenv("RESPEC_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("RESPEC_DEFAULT_GGUF", raising=False)
-    monkeypatch.setattr(loading, "project_root", lambda: tmp_path / "project")
-    monkeypatch.setattr(loading, "_installed_package_ggufs", lambda: [])
+    monkeypatch.setattr(default_source, "project_root", lambda: tmp_path / "project")
+    monkeypatch.setattr(default_source, "_installed_package_ggufs", lambda: [])
     return tmp_path
 
 
@@ -117,7 +121,7 @@ def test_explicit_default_gguf_that_is_missing_is_an_error(empty_cache, monkeypa
 def test_dtype_settings():
     cpu = torch.device("cpu")
     assert resolve_dtype("fp32", cpu) == torch.float32 and resolve_dtype("bfloat16", cpu) == torch.bfloat16
-    expected = torch.bfloat16 if loading.cpu_supports_bf16() else torch.float32
+    expected = torch.bfloat16 if devices.cpu_supports_bf16() else torch.float32
     assert resolve_dtype("auto", cpu, "llama") == expected, "auto on CPU is bf16 exactly when the CPU has it"
     with pytest.raises(ConfigError, match="fp16"):
         resolve_dtype("fp16", cpu, "qwen2")  # Qwen2 activations overflow float16

@@ -15,13 +15,17 @@ Contract:
   or feed meta tensors to the engine. One ModelLoadError says what to do instead.
 - `cuda_devices(model)` lists the CUDA devices holding the model's weights (several under
   device_map="auto"): timing code synchronises every one of them.
+- `transformers_quiet()` silences transformers' warnings and progress bars for a `with` block, then restores
+  them (our own cache loads quietly; a user's model keeps transformers' warnings).
 Nothing runs at import time.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import re
+from collections.abc import Iterator
 from typing import Any, Callable
 
 import torch
@@ -115,3 +119,19 @@ def synchronize(devices: tuple[torch.device, ...]) -> None:
     """Wait for every queued kernel on each of `devices` (no-op for an empty tuple)."""
     for dev in devices:
         torch.cuda.synchronize(dev)
+
+
+@contextlib.contextmanager
+def transformers_quiet() -> Iterator[None]:
+    """Silence transformers' warnings and progress bars for the duration (restores the previous state)."""
+    from transformers.utils import logging as hf_logging
+
+    level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()

@@ -159,7 +159,7 @@ def response_key(prompt_ids: Sequence[int], max_new_tokens: int) -> str:
 
 def encode_prompts(target, prompts: Sequence[Prompt], chat: bool = True, max_prompt_tokens: int = 1024
                    ) -> list[tuple[Prompt, list[int]]]:
-    from respec.models.loading import encode_prompt
+    from respec.prompting import encode_prompt
     out = []
     for p in prompts:
         ids = list(p.ids) if p.ids is not None else encode_prompt(target.tokenizer, p.text, chat=chat)

@@ -27,12 +27,12 @@ from respec.train.trainer import TrainConfig, train_eagle
 
 
 def default_spec_bench() -> Path:
-    from respec.models.loading import project_root
+    from respec.models.default_model import project_root
     return project_root().parent / "shared" / "spec_bench" / "question_dev.jsonl"
 
 
 def default_data_dir(slug: str) -> Path:
-    from respec.models.loading import project_root
+    from respec.models.default_model import project_root
     return project_root() / "data" / "eagle" / slug
 
 
@@ -116,7 +116,7 @@ _MATERIAL = ("si1-question", "si1-article", "si1-problem", "si1-german")
 
 
 def _message_prompts(items, tokenizer) -> list[Prompt]:
-    from respec.models.loading import encode_prompt
+    from respec.prompting import encode_prompt
     out = []
     for category, msgs in items:
         key = hashlib.sha1(json.dumps(msgs).encode("utf-8")).hexdigest()[:16]
