@@ -299,7 +299,7 @@ class Report:
         self.path.write_text(json.dumps(self.data, indent=1, default=str))
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out_dir", help="folder for gpu-check.json (created)")
     ap.add_argument("--device", default="cuda")
@@ -312,7 +312,11 @@ def main(argv=None) -> int:
                     help="id prompts per model in parts 2 and 3 (fewer: a quicker CPU smoke run)")
     ap.add_argument("--time-budget-s", type=float, default=420.0,
                     help="skip the speed part once this many seconds are spent (the whole run must fit 8 minutes)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     report = Report(out_dir / "gpu-check.json")
@@ -365,33 +369,40 @@ def main(argv=None) -> int:
     else:
         print("\n3. several GPUs: skipped (one device visible)", flush=True)
 
-    # 4.
-    got = report.part("speed_target", lambda: speed_target(args.model, args.device))
-    if got is not None:
-        target, spec = got
-        report.data["speed_target"] = {"spec": spec, "name": target.name, "dtype": str(target.dtype)}
-        context = min(512, target.context_length // 2)
-        curve = report.part("verify_cost_ms", lambda: {
-            str(k): round(v, 3) for k, v in target.verify_cost_curve(max_size=64, context=context, reps=3).items()})
-        report.data["verify_cost_context"] = context
-        if curve:
-            print(f"\n4. verify-cost curve of {target.name} ({str(target.dtype).replace('torch.', '')}), "
-                  f"{context} cached tokens")
-            print("| tree tokens | " + " | ".join(curve) + " |")
-            print("|---|" + "---|" * len(curve))
-            print("| ms | " + " | ".join(f"{v:.2f}" for v in curve.values()) + " |")
-            print("| x one token | " + " | ".join(f"{v / curve['1']:.2f}" for v in curve.values()) + " |", flush=True)
-        # 5.
-        if report.elapsed() > args.time_budget_s:
-            report.data["speeds_skipped"] = f"time budget of {args.time_budget_s:.0f} s spent"
-            print(f"\n5. speeds skipped: {report.data['speeds_skipped']}")
-        else:
-            rows = report.part("speeds", speeds, target, args.max_new_tokens) or []
-            report.data["summary"] = summarize(rows, args.max_new_tokens)
+    # 4. and 5.
+    speed_parts(report, args)
     report.data["ok"] = all(checks)
     report.write()
     print(f"\n{'PASS' if report.data['ok'] else 'FAIL'} in {report.elapsed():.0f} s: report written to {report.path}")
     return 0 if report.data["ok"] else 1
+
+
+def speed_parts(report: Report, args: argparse.Namespace) -> None:
+    """Parts 4 and 5: the verify-cost curve of the speed target, then tokens/s per method (skipped once the
+    time budget is spent). Results go into `report`; these parts decide no pass/fail."""
+    got = report.part("speed_target", lambda: speed_target(args.model, args.device))
+    if got is None:
+        return
+    target, spec = got
+    report.data["speed_target"] = {"spec": spec, "name": target.name, "dtype": str(target.dtype)}
+    context = min(512, target.context_length // 2)
+    curve = report.part("verify_cost_ms", lambda: {
+        str(k): round(v, 3) for k, v in target.verify_cost_curve(max_size=64, context=context, reps=3).items()})
+    report.data["verify_cost_context"] = context
+    if curve:
+        print(f"\n4. verify-cost curve of {target.name} ({str(target.dtype).replace('torch.', '')}), "
+              f"{context} cached tokens")
+        print("| tree tokens | " + " | ".join(curve) + " |")
+        print("|---|" + "---|" * len(curve))
+        print("| ms | " + " | ".join(f"{v:.2f}" for v in curve.values()) + " |")
+        print("| x one token | " + " | ".join(f"{v / curve['1']:.2f}" for v in curve.values()) + " |", flush=True)
+    # 5.
+    if report.elapsed() > args.time_budget_s:
+        report.data["speeds_skipped"] = f"time budget of {args.time_budget_s:.0f} s spent"
+        print(f"\n5. speeds skipped: {report.data['speeds_skipped']}")
+    else:
+        rows = report.part("speeds", speeds, target, args.max_new_tokens) or []
+        report.data["summary"] = summarize(rows, args.max_new_tokens)
 
 
 def summarize(rows: list[dict], max_new_tokens: int) -> dict:

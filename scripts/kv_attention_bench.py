@@ -4,7 +4,7 @@ cache of respec/models/kv.py, grouped-query SDPA for masked multi-token forwards
 respec/models/attention.py). Both run in one process, interleaved round by round, so machine
 noise hits both alike. Prints the median milliseconds per shape and context as a Markdown table.
 
-    PYTHONPATH=. .venv/bin/python scripts/kv_attention_bench.py [--model default] [--contexts 200,800] [--rounds 5]
+    .venv/bin/python scripts/kv_attention_bench.py [--model default] [--contexts 200,800] [--rounds 5]
 """
 from __future__ import annotations
 

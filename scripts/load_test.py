@@ -146,7 +146,7 @@ def fifo_violations(reqs: list[Request], slack: float) -> list[str]:
     return bad
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--requests-per-client", type=int, default=3)
@@ -158,104 +158,115 @@ def main(argv=None) -> int:
     ap.add_argument("--max-sessions", type=int, default=None,
                     help="the server's RESPEC_MAX_SESSIONS (default: --clients, so the warm-up fills it)")
     ap.add_argument("--out", default="load-test.json")
-    args = ap.parse_args(argv)
-    args.max_sessions = args.max_sessions or args.clients
-    if not (1 <= args.clients <= 64 and 1 <= args.requests_per_client <= 20 and 4 <= args.max_new_tokens <= 256):
-        ap.error("bounds: 1-64 clients, 1-20 requests each, 4-256 new tokens")
+    return ap
 
-    # 1. the server
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/"
+
+def start_server(args: argparse.Namespace, port: int, log) -> subprocess.Popen:
+    """Step 1: `python app.py` on 127.0.0.1:`port`, its output into `log`."""
     env = dict(os.environ, GRADIO_SERVER_NAME="127.0.0.1", GRADIO_SERVER_PORT=str(port),
                GRADIO_ANALYTICS_ENABLED="False", RESPEC_QUEUE_SIZE=str(max(16, 2 * args.clients)),
                RESPEC_TIME_LIMIT=str(int(args.timeout)), RESPEC_MAX_SESSIONS=str(args.max_sessions))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    log = open(Path(args.out).with_suffix(".server.log"), "w")
-    server = subprocess.Popen([sys.executable, str(ROOT / "app.py")], cwd=ROOT, env=env, stdout=log,
-                              stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + args.timeout
-    report: dict = {"clients": args.clients, "requests_per_client": args.requests_per_client,
-                    "max_new_tokens": args.max_new_tokens, "python": sys.executable}
-    try:
-        import httpx
-        while True:
-            if server.poll() is not None:
-                raise SystemExit(f"the server exited with status {server.returncode}; see {log.name}")
-            try:
-                if httpx.get(url, timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit("the server did not start in time")
-            time.sleep(0.5)
+    return subprocess.Popen([sys.executable, str(ROOT / "app.py")], cwd=ROOT, env=env, stdout=log,
+                            stderr=subprocess.STDOUT)
 
-        # 2. warm-up and baseline: the model loads, then (--warmup-rounds) the same load pattern runs
-        #    unmeasured, so allocator pools and per-size caches are filled before the baseline
-        from gradio_client import Client
-        t0 = time.perf_counter()
-        Client(url, verbose=False).predict("Warm up: say hello.", json.dumps({"max_new_tokens": 4}), api_name="/compare")
-        report["model_load_s"] = round(time.perf_counter() - t0, 2)
-        report["memory_after_model_load_mb"] = round(rss_mb(server.pid), 1)
-        for _ in range(args.warmup_rounds):
-            warm = make_requests(args.clients, args.requests_per_client, args.max_new_tokens)
-            run_round(url, warm, deadline)
-            report.setdefault("memory_after_warmup_rounds_mb", []).append(round(rss_mb(server.pid), 1))
-            if any(r.error for row in warm for r in row):
-                raise SystemExit("the warm-up round had errors: " + "; ".join(
-                    r.error for row in warm for r in row if r.error))
-        report["warmup_rounds"] = args.warmup_rounds
-        time.sleep(2)
-        baseline = rss_mb(server.pid)
 
-        # 3. the load
-        rows = make_requests(args.clients, args.requests_per_client, args.max_new_tokens)
-        peak = [baseline]
-        stop = threading.Event()
-
-        def sample():
-            while not stop.wait(0.2):
-                peak.append(rss_mb(server.pid))
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
-        start = time.perf_counter()
-        alive = run_round(url, rows, deadline)
-        wall = time.perf_counter() - start
-        stop.set()
-        sampler.join()
-        time.sleep(3)
-        after = rss_mb(server.pid)
-
-        # 4. checks
-        reqs = [r for row in rows for r in row]
-        for r in reqs:
-            r.submitted -= start
-            r.finished -= start
-        errors = [f"c{r.client}r{r.index}: {r.error}" for r in reqs if r.error]
-        crossed = [f"c{r.client}r{r.index}: {p}" for r in reqs for p in r.problems]
-        fifo = fifo_violations([r for r in reqs if not r.error], args.fifo_slack)
-        latencies = sorted(r.finished - r.submitted for r in reqs if not r.error)
-        report.update({
-            "completed": sum(1 for r in reqs if not r.error and r.finished), "requests": len(reqs),
-            "errors": errors, "crossed": crossed, "fifo_violations": fifo, "unfinished_clients": len(alive),
-            "wall_s": round(wall, 2), "requests_per_minute": round(60 * len(reqs) / wall, 2),
-            "latency_s": {"min": round(latencies[0], 2), "median": round(latencies[len(latencies) // 2], 2),
-                          "max": round(latencies[-1], 2)} if latencies else None,
-            "memory_mb": {"baseline": round(baseline, 1), "peak": round(max(peak), 1), "after": round(after, 1),
-                          "growth": round(after - baseline, 1)},
-            "requests_detail": [asdict(r) for r in reqs]})
-        ok = (not errors and not crossed and not fifo and not alive and report["completed"] == len(reqs)
-              and after - baseline <= args.memory_slack_mb)
-        report["ok"] = ok
-    finally:
-        server.terminate()
+def wait_until_up(server: subprocess.Popen, url: str, deadline: float, log_name: str) -> None:
+    """Poll `url` until it answers 200; SystemExit when the server exits or the deadline passes."""
+    import httpx
+    while True:
+        if server.poll() is not None:
+            raise SystemExit(f"the server exited with status {server.returncode}; see {log_name}")
         try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        log.close()
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit("the server did not start in time")
+        time.sleep(0.5)
 
-    Path(args.out).write_text(json.dumps(report, indent=1))
+
+def warm_up(url: str, server: subprocess.Popen, args: argparse.Namespace, deadline: float, report: dict) -> float:
+    """Step 2: the model loads, then (--warmup-rounds) the same load pattern runs unmeasured, so allocator pools
+    and per-size caches are filled before the baseline. Returns the baseline memory (MB)."""
+    from gradio_client import Client
+    t0 = time.perf_counter()
+    Client(url, verbose=False).predict("Warm up: say hello.", json.dumps({"max_new_tokens": 4}), api_name="/compare")
+    report["model_load_s"] = round(time.perf_counter() - t0, 2)
+    report["memory_after_model_load_mb"] = round(rss_mb(server.pid), 1)
+    for _ in range(args.warmup_rounds):
+        warm = make_requests(args.clients, args.requests_per_client, args.max_new_tokens)
+        run_round(url, warm, deadline)
+        report.setdefault("memory_after_warmup_rounds_mb", []).append(round(rss_mb(server.pid), 1))
+        if any(r.error for row in warm for r in row):
+            raise SystemExit("the warm-up round had errors: " + "; ".join(
+                r.error for row in warm for r in row if r.error))
+    report["warmup_rounds"] = args.warmup_rounds
+    time.sleep(2)
+    return rss_mb(server.pid)
+
+
+@dataclass
+class Round:
+    """What the measured round left: its requests (times relative to its start), the clients still running,
+    its wall time and the server's memory (peak during, after once idle)."""
+    requests: list[Request]
+    alive: list
+    wall_s: float
+    peak_mb: float
+    after_mb: float
+
+
+def measured_round(url: str, server: subprocess.Popen, args: argparse.Namespace, deadline: float,
+                   baseline: float) -> Round:
+    """Step 3: the load, while a sampler records the server's memory."""
+    rows = make_requests(args.clients, args.requests_per_client, args.max_new_tokens)
+    peak = [baseline]
+    stop = threading.Event()
+
+    def sample():
+        while not stop.wait(0.2):
+            peak.append(rss_mb(server.pid))
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    start = time.perf_counter()
+    alive = run_round(url, rows, deadline)
+    wall = time.perf_counter() - start
+    stop.set()
+    sampler.join()
+    time.sleep(3)
+    after = rss_mb(server.pid)
+    reqs = [r for row in rows for r in row]
+    for r in reqs:
+        r.submitted -= start
+        r.finished -= start
+    return Round(reqs, alive, wall, max(peak), after)
+
+
+def check(measured: Round, baseline: float, args: argparse.Namespace) -> dict:
+    """Step 4: the report fields and `ok` for the measured round."""
+    reqs = measured.requests
+    errors = [f"c{r.client}r{r.index}: {r.error}" for r in reqs if r.error]
+    crossed = [f"c{r.client}r{r.index}: {p}" for r in reqs for p in r.problems]
+    fifo = fifo_violations([r for r in reqs if not r.error], args.fifo_slack)
+    latencies = sorted(r.finished - r.submitted for r in reqs if not r.error)
+    wall, after = measured.wall_s, measured.after_mb
+    fields = {
+        "completed": sum(1 for r in reqs if not r.error and r.finished), "requests": len(reqs),
+        "errors": errors, "crossed": crossed, "fifo_violations": fifo, "unfinished_clients": len(measured.alive),
+        "wall_s": round(wall, 2), "requests_per_minute": round(60 * len(reqs) / wall, 2),
+        "latency_s": {"min": round(latencies[0], 2), "median": round(latencies[len(latencies) // 2], 2),
+                      "max": round(latencies[-1], 2)} if latencies else None,
+        "memory_mb": {"baseline": round(baseline, 1), "peak": round(measured.peak_mb, 1), "after": round(after, 1),
+                      "growth": round(after - baseline, 1)},
+        "requests_detail": [asdict(r) for r in reqs]}
+    fields["ok"] = (not errors and not crossed and not fifo and not measured.alive and fields["completed"] == len(reqs)
+                    and after - baseline <= args.memory_slack_mb)
+    return fields
+
+
+def print_summary(report: dict, reqs: list[Request], args: argparse.Namespace) -> None:
+    """One line per request (in submission order), then the totals, the checks and the memory."""
     for r in sorted(reqs, key=lambda r: r.submitted):
         print(f"c{r.client} r{r.index}  submitted {r.submitted:7.2f} s  finished {r.finished:7.2f} s  "
               f"respec {r.respec_tokens:3d} tok  eagle {r.eagle_tokens:3d} tok  "
@@ -265,13 +276,48 @@ def main(argv=None) -> int:
     print(f"\n{report['completed']}/{report['requests']} requests completed by {args.clients} clients x "
           f"{args.requests_per_client} in {report['wall_s']} s ({report['requests_per_minute']} requests/min); "
           f"latency min/median/max {lat.get('min')}/{lat.get('median')}/{lat.get('max')} s")
-    print(f"errors: {len(errors)}; crossed responses: {len(crossed)}; FIFO violations (> {args.fifo_slack} s): "
-          f"{len(fifo)}; unfinished clients: {len(alive)}")
+    print(f"errors: {len(report['errors'])}; crossed responses: {len(report['crossed'])}; FIFO violations "
+          f"(> {args.fifo_slack} s): {len(report['fifo_violations'])}; unfinished clients: {report['unfinished_clients']}")
     print(f"server memory: baseline {mem['baseline']} MB (after warm-up), peak {mem['peak']} MB, "
           f"after the load {mem['after']} MB (growth {mem['growth']:+.1f} MB, allowed {args.memory_slack_mb:.0f})")
     print("PASS" if report["ok"] else "FAIL", f"(report: {args.out})")
-    return 0 if report["ok"] else 1
 
+
+def main(argv=None) -> int:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    args.max_sessions = args.max_sessions or args.clients
+    if not (1 <= args.clients <= 64 and 1 <= args.requests_per_client <= 20 and 4 <= args.max_new_tokens <= 256):
+        ap.error("bounds: 1-64 clients, 1-20 requests each, 4-256 new tokens")
+
+    # 1. the server
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/"
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    log = open(Path(args.out).with_suffix(".server.log"), "w")
+    server = start_server(args, port, log)
+    deadline = time.monotonic() + args.timeout
+    report: dict = {"clients": args.clients, "requests_per_client": args.requests_per_client,
+                    "max_new_tokens": args.max_new_tokens, "python": sys.executable}
+    try:
+        wait_until_up(server, url, deadline, log.name)
+        # 2. warm-up and baseline
+        baseline = warm_up(url, server, args, deadline, report)
+        # 3. the load
+        measured = measured_round(url, server, args, deadline, baseline)
+        # 4. checks
+        report.update(check(measured, baseline, args))
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
+
+    Path(args.out).write_text(json.dumps(report, indent=1))
+    print_summary(report, measured.requests, args)
+    return 0 if report["ok"] else 1
 
 if __name__ == "__main__":
     sys.exit(main())

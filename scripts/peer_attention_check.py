@@ -3,7 +3,7 @@ alone: transformers' prompt lookup (`hf-pld`, as the benchmark runs it) on chose
 with the model on "respec_sdpa" and once back on stock "sdpa", in one process. Prints the new-token
 count and forward count of each, and whether the token ids are identical.
 
-    PYTHONPATH=. .venv/bin/python scripts/peer_attention_check.py [--questions FILE] [--ids 161,162,163,165,166]
+    .venv/bin/python scripts/peer_attention_check.py [--questions FILE] [--ids 161,162,163,165,166]
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 default model (app defaults, "also run vanilla" ticked so the speedups are measured, not estimated).
 Needs /usr/bin/chromium and playwright (the browser tests' setup). Run it on a quiet machine:
 
-    PYTHONPATH=. .venv/bin/python scripts/readme_screenshots.py [--prompt TEXT] [--out docs/screenshots]
+    .venv/bin/python scripts/readme_screenshots.py [--prompt TEXT] [--out docs/screenshots]
 """
 from __future__ import annotations
 

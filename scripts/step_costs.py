@@ -3,7 +3,7 @@ fixed trees of a few sizes and of vanilla, on chosen Spec-Bench questions. Part 
 logits after a tree forward of `--nodes` nodes (lm_head, fp32 copy, argmax, node_target_stats),
 median ms of 20 calls each.
 
-    PYTHONPATH=. .venv/bin/python scripts/step_costs.py [--questions FILE] [--ids 81,201] [--nodes 48]
+    .venv/bin/python scripts/step_costs.py [--questions FILE] [--ids 81,201] [--nodes 48]
 """
 from __future__ import annotations
 

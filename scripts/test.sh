@@ -1,15 +1,28 @@
 #!/usr/bin/env bash
-# Run the test suite: set up (idempotent, see scripts/setup.sh), then pytest over tests/.
+# Run the test suite: set up (idempotent, see scripts/setup.sh), install the test tools (requirements-dev.txt,
+# idempotent the same way), then pytest over tests/.
 # Usage: bash scripts/test.sh [extra pytest arguments, e.g. -k loading -x]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/setup.sh
 
+# the test tools (requirements-dev.txt: pytest, hypothesis, playwright, httpx), skipped while the stamp matches
+DEV_STAMP=".venv/.respec-requirements-dev.sha256"
+want="$( { cat requirements.txt requirements-dev.txt; .venv/bin/python -V 2>&1; } | sha256sum | cut -d' ' -f1)"
+installed='import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in sys.argv[1:]))'
+if [ "$want" = "$(cat "$DEV_STAMP" 2>/dev/null || true)" ] && .venv/bin/python -c "$installed" pytest hypothesis playwright httpx; then
+    echo "test: dev requirements up to date"
+else
+    echo "test: installing requirements-dev.txt into .venv"
+    .venv/bin/python -m pip install --disable-pip-version-check -q -r requirements-dev.txt
+    echo "$want" > "$DEV_STAMP"
+fi
+
 # ---- BROWSER TESTS SETUP (reserved) --------------------------------------------------------------
 # The chromium install for the browser (UI) tests goes here, idempotent like setup.sh.
 # tests/test_app_browser.py drives Debian's chromium through playwright-python (installed from
-# requirements.txt); never `playwright install` (it downloads from a CDN). Without root or apt the
+# requirements-dev.txt); never `playwright install` (it downloads from a CDN). Without root or apt the
 # browser tests skip themselves.
 if [ ! -x /usr/bin/chromium ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

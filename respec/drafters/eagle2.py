@@ -158,8 +158,10 @@ class EagleHead(nn.Module):
 def random_head(target: TargetModel, *, seed: int = 0, qkv_bias: bool = False) -> EagleHead:
     """A randomly initialised head shaped for `target` (lossless, accepts little: for tests)."""
     cfg = LlamaConfig(**{k: v for k, v in target.model.config.to_dict().items() if k in _HEAD_KEYS})
-    torch.manual_seed(seed)
-    head = EagleHead(cfg, qkv_bias=qkv_bias)
+    from respec.models.seeded import built_without_global_rng, seeded_init_
+
+    # a local generator: the caller's global RNG is neither reseeded nor advanced
+    head = seeded_init_(built_without_global_rng(lambda: EagleHead(cfg, qkv_bias=qkv_bias)), seed)
     return _to_target(head, target)
 
 
