@@ -65,8 +65,10 @@ if (cd / && "$here/$VENV/bin/python" -c "$points_here" "$here") >/dev/null 2>&1;
     say "project installed (editable, $here)"
 else
     say "installing the project into $VENV (pip install -e . --no-deps)"
-    if ! "$VENV/bin/python" -c 'import setuptools, sys; sys.exit(int(setuptools.__version__.split(".")[0]) < 64)' 2>/dev/null; then
-        "$VENV/bin/python" -m pip install --disable-pip-version-check -q "setuptools>=64"   # Python 3.12+ venvs lack it
+    # setuptools 70.1+ builds an editable wheel on its own (older ones need `wheel`); Python 3.12+ venvs have none
+    new_enough='import setuptools, sys; sys.exit(tuple(int(p) for p in setuptools.__version__.split(".")[:2]) < (70, 1))'
+    if ! "$VENV/bin/python" -c "$new_enough" 2>/dev/null; then
+        "$VENV/bin/python" -m pip install --disable-pip-version-check -q "setuptools>=70.1"
     fi
     "$VENV/bin/python" -m pip install --disable-pip-version-check -q -e . --no-deps --no-build-isolation
 fi

@@ -143,6 +143,7 @@ def needs_device_map(config: Any, dtype: torch.dtype, device: torch.device, spec
             f"{spec} needs about {need / 1e9:.1f} GB of weights in {str(dtype).removeprefix('torch.')}, but the "
             f"{count} visible GPU(s) have {total / 1e9:.1f} GB free together; offloading to the CPU is refused (every "
             "step would copy weights over). Use a GPU with more memory, more GPUs, or a smaller model.")
+    return True
 
 
 def device_map_for(config: Any, dtype: torch.dtype, device: torch.device, spec: str = "the model") -> str | dict | None:
