@@ -271,7 +271,7 @@ def toggle_play(playing_label: str, state: SessionState) -> dict[str, Any]:
 
 
 def rerender_outputs(show_rejected: bool, state: SessionState) -> dict[str, Any]:
-    """"show rejected drafts" toggled: the output strips again."""
+    """The "show rejected drafts" box toggled: the output strips again."""
     return outputs_update(state, show_rejected)
 
 

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import gradio as gr
 
-from app import api, handlers, layout, tuning
+from app import api, handlers, layout, tuning, views
 from app.gpu import ZERO_GPU, gpu
 from app.hub import ModelHub
 from app.lab import lab_request, lab_stream
@@ -211,7 +211,7 @@ def _wire_traces(demo: gr.Blocks, page: Page, state, hub: ModelHub) -> None:
                          outputs, api_visibility="private")
 
     def on_load(st):
-        out = handlers.banner_update(hub)
+        out = views.banner_update(hub)
         if page.recorded and isinstance(st, SessionState) and not st.runs:
             out.update(handlers.open_recorded(hub, page.recorded[0][1], False, False, st))
         return out
