@@ -35,8 +35,8 @@ def default_questions_path() -> Path | None:
 
 
 def lab_budget() -> int:
-    from app.settings import _env_int
-    return _env_int("RESPEC_LAB_BUDGET", DEFAULT_BUDGET)
+    from app.settings import env_int
+    return env_int("RESPEC_LAB_BUDGET", DEFAULT_BUDGET)
 
 
 @dataclass(frozen=True)

@@ -2,11 +2,10 @@
 
 Usage: python -m app.record_traces [--model default] [--max-new-tokens 64] [--only NAME]
 
-Each prompt below is run with the ReSpec column's method (ReSpec, or SAM-Decoding while ReSpec is not
-in the engine) and with EAGLE-2, through the same code path as the page (handlers.stream_run), and
-written as `<name>__respec.json` and `<name>__eagle.json` with the text table embedded, so replay
-needs neither the model nor its tokenizer. Re-run it after the engine gains ReSpec or a trained
-EAGLE head.
+Each prompt below is run with ReSpec and with EAGLE-2, through the same code path as the page
+(app.runs.stream_run), and written as `<name>__respec.json` and `<name>__eagle.json` with the text
+table embedded, so replay needs neither the model nor its tokenizer. Re-run it after the engine or
+the EAGLE head changes.
 """
 from __future__ import annotations
 
@@ -14,9 +13,11 @@ import argparse
 import os
 import sys
 
-from app.handlers import TRACES_DIR, ModelHub, finish_run, plan_methods, stream_run
-from app.render import TokenizerDecoder
+from app.decoders import TokenizerDecoder
+from app.hub import ModelHub
+from app.runs import finish_run, plan_methods, stream_run
 from app.settings import Caps, build_config, method_label
+from app.traces import TRACES_DIR
 from respec.trace import result_to_json
 
 PROMPTS = {

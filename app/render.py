@@ -1,10 +1,10 @@
 """Traces -> what the page shows: token spans, metrics, diffs, tables and narration. No Gradio.
 
 Contract: every function takes a `GenerationResult` (finished, replayed from a file, or assembled
-from the steps streamed so far) and a `Decoder`, and returns plain Python values (lists of
-`(text, label)` spans for HighlightedText, rows for tables, HTML / Markdown strings, JSON-ready
-dicts). Nothing here needs a model: a `TableDecoder` built from a trace's embedded text table
-renders exactly what the live tokenizer rendered.
+from the steps streamed so far) and a decoder (`TokenizerDecoder` or `TableDecoder`, app/decoders.py),
+and returns plain Python values (lists of `(text, label)` spans for HighlightedText, rows for
+tables, HTML / Markdown strings, JSON-ready dicts). Nothing here needs a model: a `TableDecoder`
+built from a trace's embedded text table renders exactly what the live tokenizer rendered.
 
 Token accounting (respec/trace.py): generated tokens = [first token (prefill)] + new_tokens of each
 step. Step s's root is generated token r_s (r_0 = 0, r_{s+1} = r_s + len(new_tokens_s)); its
@@ -26,102 +26,6 @@ if TYPE_CHECKING:
 
 
 # ------------------------------------------------------------------------------- token text
-class TokenizerDecoder:
-    """Live decoding with a tokenizer. `pieces` uses cumulative differences
-    (piece i = decode(t[:i+1])[len(decode(t[:i])):]) so leading spaces and multi-byte characters
-    survive (a character split over two tokens shows on the second); the prefix texts are cached,
-    so streaming costs one decode per new token."""
-
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer = tokenizer
-        self._ids: list[int] = []
-        self._texts: list[str] = [""]          # _texts[i] = decode(_ids[:i])
-        self._single: dict[int, str] = {}
-
-    def _decode(self, ids: Sequence[int]) -> str:
-        # A trailing U+FFFD is an incomplete multi-byte character: hold it back until the bytes
-        # that complete it arrive (the token that completes it shows the whole character).
-        return self.tokenizer.decode(list(ids), skip_special_tokens=True).rstrip("\ufffd")
-
-    def pieces(self, tokens: Sequence[int]) -> list[str]:
-        tokens = [int(t) for t in tokens]
-        keep = 0                                # reuse the cached prefix that still matches
-        while keep < min(len(tokens), len(self._ids)) and tokens[keep] == self._ids[keep]:
-            keep += 1
-        del self._ids[keep:]
-        del self._texts[keep + 1:]
-        for t in tokens[keep:]:
-            self._ids.append(t)
-            self._texts.append(self._decode(self._ids))
-        out = []
-        for i in range(len(tokens)):
-            prev, cur = self._texts[i], self._texts[i + 1]
-            out.append(cur[len(prev):] if cur.startswith(prev) else cur[len(_common_prefix(prev, cur)):])
-        return out
-
-    def piece(self, token: int) -> str:
-        token = int(token)
-        if token not in self._single:
-            self._single[token] = self.tokenizer.decode([token], skip_special_tokens=False)
-        return self._single[token]
-
-
-class TableDecoder:
-    """Replay decoding from a trace's embedded text table (no tokenizer): the output pieces of the
-    run, and a vocabulary of every token id the trace mentions."""
-
-    def __init__(self, tokens: Sequence[int] = (), pieces: Sequence[str] = (),
-                 vocab: Mapping[int, str] | None = None) -> None:
-        self.tokens = [int(t) for t in tokens]
-        self._pieces = list(pieces)
-        self.vocab = {int(k): str(v) for k, v in (vocab or {}).items()}
-
-    def pieces(self, tokens: Sequence[int]) -> list[str]:
-        tokens = [int(t) for t in tokens]
-        if len(self._pieces) >= len(tokens) and self.tokens[:len(tokens)] == tokens:
-            return self._pieces[:len(tokens)]
-        return [self.piece(t) for t in tokens]
-
-    def piece(self, token: int) -> str:
-        return self.vocab.get(int(token), f"⟨{int(token)}⟩")
-
-
-def _common_prefix(a: str, b: str) -> str:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return a[:n]
-
-
-def trace_token_ids(result: GenerationResult) -> set[int]:
-    ids = set(result.tokens)
-    for s in result.steps:
-        ids.update(s.tree.tokens)
-        ids.add(s.verdict.next_token)
-        for c in s.candidates:
-            for key in ("tokens", "draft", "proposed_tokens"):
-                v = c.get(key)
-                if isinstance(v, (list, tuple)):
-                    ids.update(int(t) for t in v if isinstance(t, int))
-    return ids
-
-
-def text_table(result: GenerationResult, decoder) -> dict:
-    """The JSON block embedded in a trace's meta ("display") so replay needs no tokenizer."""
-    return {"pieces": decoder.pieces(result.tokens),
-            "vocab": {str(t): decoder.piece(t) for t in sorted(trace_token_ids(result))}}
-
-
-def decoder_for(result: GenerationResult, tokenizer=None):
-    """The decoder of a run: its embedded table if it has one, else the tokenizer, else token ids."""
-    table = (result.meta or {}).get("display")
-    if isinstance(table, Mapping) and isinstance(table.get("pieces"), list):
-        return TableDecoder(result.tokens, table["pieces"], table.get("vocab") or {})
-    if tokenizer is not None:
-        return TokenizerDecoder(tokenizer)
-    return TableDecoder()
-
-
 def visible(text: str) -> str:
     """Make line breaks and tabs visible in token strips (the line break itself is kept)."""
     return text.replace("\n", "↵\n").replace("\t", "→\t")
@@ -201,10 +105,6 @@ def output_spans(result: GenerationResult, decoder, show_rejected: bool = False)
             out.append((visible(f"✗[{text}]"), "rejected"))
         out.extend(spans[r + 1 + a:r + 2 + a])
     return out
-
-
-def legend_spans() -> list[tuple[str, str]]:
-    return [(f" {k} ", k) for k in LEGEND]
 
 
 # ------------------------------------------------------------------------------- metrics
@@ -331,15 +231,24 @@ def live_line(result: GenerationResult) -> str:
 
 
 # ------------------------------------------------------------------------------- diff
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """Index of the first token where two outputs differ (one ending early differs at its end);
+    None when they are identical."""
+    a, b = list(a), list(b)
+    if a == b:
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def aligned_diff(a: Sequence[int], b: Sequence[int], decoder_a, decoder_b=None
                  ) -> tuple[bool, int | None, list[tuple[str, str | None]]]:
     """Token-level diff of two outputs: (identical, first differing index, spans). Spans are the
     common text unlabelled, and differing runs labelled "only in A" / "only in B"."""
     decoder_b = decoder_b or decoder_a
     a, b = list(a), list(b)
-    if a == b:
+    first = first_difference(a, b)
+    if first is None:
         return True, None, [(visible("".join(decoder_a.pieces(a))), None)]
-    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
     pa, pb = decoder_a.pieces(a), decoder_b.pieces(b)
     spans: list[tuple[str, str | None]] = []
     for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():

@@ -6,8 +6,10 @@ range, help); the page builds its controls from it in a loop. `build_config(valu
 accepts dotted keys, the short aliases of `respec.config.ALIASES` and nested JSON objects, applies
 the engine's device defaults (`respec.config.device_defaults`: small trees and `tree.auto` on a CPU),
 or instead the engine preset a `"preset"` key names (`respec.config.PRESETS`, e.g. "paper"), under
-the given values, the app's default of 64 new tokens and the deployment caps, and raises `ConfigError` with one clear message for anything out of range.
-No I/O, no Gradio.
+the given values, the app's default of 64 new tokens and the deployment caps, and raises
+`ConfigError` with one clear message for anything out of range. `env_int` / `env_float` are the
+app's one way to read a number from the environment: always when used (never at import), and a bad
+value falls back to the default with a warning instead of stopping the app. No I/O, no Gradio.
 
 Letters follow ALGORITHMS.md: θ_H (trigger.theta_entropy), l, λ_e, α, S0, θ_score, K, L_max, L_min,
 β, τ, w.
@@ -18,25 +20,38 @@ import json
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
-from respec.config import IMPLEMENTED_METHODS, EngineConfig, flatten_settings, starting_settings
+from respec.config import EngineConfig, flatten_settings, starting_settings
 from respec.errors import ConfigError, PromptError
 
 
-# ------------------------------------------------------------------------------- deployment caps
-def _env_int(name: str, default: int) -> int:
-    """A positive integer from the environment (the default when unset or not a number)."""
+# ------------------------------------------------------------------------------- the environment
+def _env_number(name: str, default: float, cast: Callable[[str], float], minimum: float) -> float:
+    """A number from the environment, at least `minimum`; the default (with a warning naming the
+    variable) when unset, empty or not a number. Never raises: a bad value must not stop the app."""
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default
     try:
-        return max(1, int(raw))
+        return max(minimum, cast(raw))
     except ValueError:
-        logging.getLogger("respec.app").warning("%s=%r is not an integer; using %d", name, raw, default)
+        kind = "an integer" if cast is int else "a number"
+        logging.getLogger("respec.app").warning("%s=%r is not %s; using %s", name, raw, kind, default)
         return default
 
 
+def env_int(name: str, default: int) -> int:
+    """A positive integer from the environment (the default when unset or not a number)."""
+    return int(_env_number(name, default, int, 1))
+
+
+def env_float(name: str, default: float) -> float:
+    """A non-negative number from the environment (the default when unset or not a number)."""
+    return float(_env_number(name, default, float, 0.0))
+
+
+# ------------------------------------------------------------------------------- deployment caps
 @dataclass(frozen=True)
 class Caps:
     """Limits of this deployment, from the environment (read when the page is built)."""
@@ -50,12 +65,12 @@ class Caps:
 
     @classmethod
     def from_env(cls) -> Caps:
-        cap = _env_int("RESPEC_MAX_NEW_TOKENS", 512)
-        return cls(max_new_tokens=cap, default_new_tokens=min(cap, _env_int("RESPEC_DEFAULT_NEW_TOKENS", 64)),
-                   max_tree_tokens=_env_int("RESPEC_MAX_TREE_TOKENS", 128),
-                   time_limit_s=_env_int("RESPEC_TIME_LIMIT", 600), queue_size=_env_int("RESPEC_QUEUE_SIZE", 16),
-                   max_prompt_chars=_env_int("RESPEC_MAX_PROMPT_CHARS", 20_000),
-                   max_prompt_tokens=_env_int("RESPEC_MAX_PROMPT_TOKENS", 2048))
+        cap = env_int("RESPEC_MAX_NEW_TOKENS", 512)
+        return cls(max_new_tokens=cap, default_new_tokens=min(cap, env_int("RESPEC_DEFAULT_NEW_TOKENS", 64)),
+                   max_tree_tokens=env_int("RESPEC_MAX_TREE_TOKENS", 128),
+                   time_limit_s=env_int("RESPEC_TIME_LIMIT", 600), queue_size=env_int("RESPEC_QUEUE_SIZE", 16),
+                   max_prompt_chars=env_int("RESPEC_MAX_PROMPT_CHARS", 20_000),
+                   max_prompt_tokens=env_int("RESPEC_MAX_PROMPT_TOKENS", 2048))
 
     def check_prompt(self, prompt: Any) -> None:
         """Refuse a prompt longer than this deployment allows, before any work (PromptError)."""
@@ -171,13 +186,13 @@ PRESET_HELP = {
 }
 
 
-def respec_method() -> str:
-    """The method of the ReSpec column: "respec" once the engine implements it, else SAM-Decoding
-    (the closest retrieval + EAGLE-2 method), which the page labels as a stand-in."""
-    return "respec" if "respec" in IMPLEMENTED_METHODS else "sam"
+#: The compare view's columns in display order, and the method each runs in a compare (a replayed
+#: trace may hold another there, e.g. SAM-Decoding in the ReSpec column).
+COLUMN_METHODS: dict[str, str] = {"respec": "respec", "eagle": "eagle2", "vanilla": "vanilla"}
 
 
 def method_label(method: str) -> str:
+    """A method's name on the page ("EAGLE-2", "ReSpec (strict)", ...; unknown methods as they are)."""
     return {"respec": "ReSpec", "respec-strict": "ReSpec (strict)", "respec-no-gate": "ReSpec (no gate)",
             "respec-no-feedback": "ReSpec (no feedback)", "respec-no-model": "ReSpec (no model)",
             "respec-no-trigger": "ReSpec (SAM trigger, legacy)", "respec-no-ema": "ReSpec (earliest only, legacy)",

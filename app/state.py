@@ -2,7 +2,8 @@
 came from, and the tokenizer-free text needed to replay them.
 
 Contract: a `SessionState` holds up to three finished runs keyed by column ("respec", "eagle",
-"vanilla"), each a `GenerationResult` plus a `Decoder` that can turn its token ids into text. Live
+"vanilla"), each a `GenerationResult` plus a decoder that can turn its token ids into text
+(`TokenizerDecoder` or `TableDecoder`, app/decoders.py). Live
 runs and uploaded trace files end up here the same way, so every view renders from this object
 alone and replay needs no model.
 """
@@ -12,14 +13,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from app.history import History
-from app.settings import method_label
+from app.settings import COLUMN_METHODS, method_label
 
 if TYPE_CHECKING:
-    from app.render import Decoder
+    from app.decoders import TableDecoder, TokenizerDecoder
     from respec.trace import GenerationResult
 
 #: Columns of the compare view, in display order.
-RUN_KEYS: tuple[str, ...] = ("respec", "eagle", "vanilla")
+RUN_KEYS: tuple[str, ...] = tuple(COLUMN_METHODS)
 
 
 def run_key_for(method: str) -> str:
@@ -28,13 +29,13 @@ def run_key_for(method: str) -> str:
         return "eagle"
     if method == "vanilla":
         return "vanilla"
-    return "respec"          # respec and its variants, and SAM-Decoding (the stand-in)
+    return "respec"          # respec and its variants, and SAM-Decoding (retrieval + EAGLE-2)
 
 
 @dataclass
 class Run:
     result: GenerationResult
-    decoder: Decoder
+    decoder: TokenizerDecoder | TableDecoder
     origin: str = "live"             # "live", or the trace file name it was read from
 
     @property

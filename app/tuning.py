@@ -1,5 +1,6 @@
 """Tuning by hand on the Compare tab (issue 20): the run history, a pinned baseline "A", and
-repeats. The Gradio-facing glue; the logic lives in `app.history`.
+repeats. The Gradio-facing glue; the logic lives in `app.history` and its views in
+`app.history_display`.
 
 Contract:
 * `compare_with_history(...)` wraps `handlers.compare_stream`: it runs the same settings `repeats`
@@ -20,16 +21,17 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 import time
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from app import handlers, history, render
+from app import handlers, history, history_display, render
+from app.decoders import TableDecoder, TokenizerDecoder
 from app.history import History, HistoryRow, HistoryStore
-from app.render import TableDecoder, TokenizerDecoder
+from app.runs import plan_methods
 from app.settings import SPECS, Caps
 from app.state import SessionState
 from app.text import DIFF_COLORS
+from app.traces import session_dir
 from respec.config import flatten_settings
 
 MAX_REPEATS = 10
@@ -71,7 +73,7 @@ def compare_with_history(hub, caps: Caps, prompt: str, values: Mapping[str, Any]
     """The Run button with history: `repeats` compare runs of the same settings, then one row."""
     state = state if isinstance(state, SessionState) else SessionState()
     n = _repeats(repeats)
-    plan = [key for key, _ in handlers.plan_methods(bool(include_vanilla))]
+    plan = [key for key, _ in plan_methods(bool(include_vanilla))]
     done: list[dict[str, Any]] = []
     for i in range(n):
         if i:
@@ -108,7 +110,7 @@ def compare_with_history(hub, caps: Caps, prompt: str, values: Mapping[str, Any]
     out = (last or {}) | history_views(state, hub, metric)
     first = row.entries.get("respec") or next(iter(row.entries.values()))
     out["status"] = (f"✔ done — run #{row.number} added to the history"
-                     + (f"; repeat ×{n}: {history.COLUMN_NAMES[first.column]} {history.timing_text(first)}"
+                     + (f"; repeat ×{n}: {history.COLUMN_NAMES[first.column]} {history_display.timing_text(first)}"
                         if n > 1 else ""))
     yield out
 
@@ -118,12 +120,10 @@ def _csv_path(state: SessionState) -> str | None:
     hist = state.history
     if not hist.rows:
         return None
-    if state.trace_dir is None or not os.path.isdir(state.trace_dir):
-        state.trace_dir = tempfile.mkdtemp(prefix="respec-traces-")
     # A new name for every content, so no cached copy of an older export is ever served.
     name = f"run-history-{hist.rows[0].number}-to-{hist.rows[-1].number}" \
            f"{'-A' + str(hist.pinned.number) if hist.pinned else ''}.csv"
-    return history.write_csv(hist, os.path.join(state.trace_dir, name))
+    return history_display.write_csv(hist, os.path.join(session_dir(state), name))
 
 
 def _decoder(hub):
@@ -151,10 +151,10 @@ def history_views(state: SessionState, hub, metric: str = "tokens/s") -> dict[st
     hist = state.history
     csv = _csv_path(state)
     latest = hist.latest
-    return {"history_summary": history.summary_html(hist),
+    return {"history_summary": history_display.summary_html(hist),
             "history_diff": diff_update(hist, hub),
-            "history_table": history.table(hist),
-            "history_plot": history.history_figure(hist, metric if metric in history.METRIC_CHOICES else "tokens/s"),
+            "history_table": history_display.table(hist),
+            "history_plot": history_display.history_figure(hist, metric if metric in history_display.METRIC_CHOICES else "tokens/s"),
             "history_csv": gr.update(value=csv, visible=csv is not None),
             "pin_choice": gr.update(choices=[(r.choice(), r.number) for r in reversed(hist.rows)],
                                     value=latest.number if latest else None)}
@@ -182,7 +182,7 @@ def clear(hub, metric: str, state: SessionState) -> dict[str, Any]:
 
 def replot(metric: str, state: SessionState) -> dict[str, Any]:
     hist = state.history if isinstance(state, SessionState) else History()
-    return {"history_plot": history.history_figure(hist, metric if metric in history.METRIC_CHOICES else "tokens/s")}
+    return {"history_plot": history_display.history_figure(hist, metric if metric in history_display.METRIC_CHOICES else "tokens/s")}
 
 
 def restore_settings(state: SessionState) -> dict[str, Any] | None:
@@ -202,8 +202,8 @@ def build_history_panel() -> dict[str, Any]:
     c: dict[str, Any] = {}
     with gr.Accordion("Run history — tune by hand: compare runs, pin a baseline A, repeat to beat the noise",
                       open=True, elem_id="history-panel"):
-        gr.Markdown(history.NOISE_NOTE)
-        c["history_summary"] = gr.HTML(history.summary_html(History(max_rows=1)), elem_id="baseline-delta")
+        gr.Markdown(history_display.NOISE_NOTE)
+        c["history_summary"] = gr.HTML(history_display.summary_html(History(max_rows=1)), elem_id="baseline-delta")
         c["history_diff"] = gr.HighlightedText([], label="token diff against A", color_map=DIFF_COLORS,
                                                show_legend=True, visible=False, elem_id="baseline-diff")
         with gr.Row(equal_height=False):
@@ -216,12 +216,12 @@ def build_history_panel() -> dict[str, Any]:
                 c["history_csv"] = gr.DownloadButton("⬇ history as CSV", visible=False, size="sm",
                                                      elem_id="history-csv")
                 c["clear_btn"] = gr.Button("clear history", size="sm", elem_id="clear-history")
-        c["history_table"] = gr.Dataframe(history.table(History(max_rows=1)), label="runs (newest first; click a "
+        c["history_table"] = gr.Dataframe(history_display.table(History(max_rows=1)), label="runs (newest first; click a "
                                           "header to sort)", interactive=False, wrap=False, max_height=340,
                                           elem_id="run-history")
-        c["metric"] = gr.Radio(list(history.METRIC_CHOICES), value="tokens/s", label="plot",
+        c["metric"] = gr.Radio(list(history_display.METRIC_CHOICES), value="tokens/s", label="plot",
                                elem_id="history-metric")
-        c["history_plot"] = gr.Plot(history.history_figure(History(max_rows=1)), show_label=False,
+        c["history_plot"] = gr.Plot(history_display.history_figure(History(max_rows=1)), show_label=False,
                                     elem_id="history-plot")
     return c
 
@@ -278,9 +278,9 @@ def record_api_run(store: HistoryStore, session: str | None, hub, caps: Caps, pr
 
 
 def api_history(store: HistoryStore, session: str | None) -> str:
-    """`/history`: this client's rows as JSON (see history.history_json)."""
+    """`/history`: this client's rows as JSON (see history_display.history_json)."""
     hist = store.get(session) if session else History()
-    return json.dumps(_finite(history.history_json(hist)), allow_nan=False, default=str, ensure_ascii=False)
+    return json.dumps(_finite(history_display.history_json(hist)), allow_nan=False, default=str, ensure_ascii=False)
 
 
 def _finite(x: Any) -> Any:

@@ -24,7 +24,7 @@ expect = sync_api.expect
 
 @pytest.fixture(scope="module")
 def url():
-    from app.handlers import ModelHub
+    from app.hub import ModelHub
     from app.settings import Caps
     from app.ui import build_demo, launch_kwargs
     from respec.models.loading import default_cache_dir
@@ -247,7 +247,7 @@ def test_run_history_pin_a_baseline_repeat_and_export(url, browser):
 def test_a_model_that_fails_to_load_leaves_a_banner_and_replay_mode(browser):
     """A second server whose model cannot load: Run reports it, the banner says replay mode, a
     reload keeps the banner, and the recorded traces still open."""
-    from app.handlers import ModelHub
+    from app.hub import ModelHub
     from app.settings import Caps
     from app.ui import build_demo, launch_kwargs
 

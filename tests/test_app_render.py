@@ -6,8 +6,10 @@ import math
 
 import pytest
 
-from app import figures, handlers, render
-from app.render import TableDecoder, TokenizerDecoder
+from app import api, figures, handlers, render, traces
+from app.decoders import TableDecoder, TokenizerDecoder
+from app.hub import ModelHub, model_fits
+from app.runs import finish_run, parse_prompt, stream_run
 from app.settings import PRESETS, SPECS, Caps, build_config, non_default, parse_settings_json, preset_values
 from app.state import SessionState
 from respec.errors import ConfigError
@@ -39,17 +41,17 @@ def tiny_runner(arch: str = "llama", seed: int = 3) -> Runner:
     return Runner(target)
 
 
-def tiny_hub() -> handlers.ModelHub:
+def tiny_hub() -> ModelHub:
     runner = tiny_runner()
-    return handlers.ModelHub("tiny", factory=lambda spec: runner, choices=["tiny"])
+    return ModelHub("tiny", factory=lambda spec: runner, choices=["tiny"])
 
 
 def stream(runner, prompt, method, **values):
     config = build_config(values, method, "cpu", CAPS)
     decoder = TokenizerDecoder(runner.tokenizer)
-    updates = list(handlers.stream_run(runner, prompt, config))
+    updates = list(stream_run(runner, prompt, config))
     assert updates[-1][1] and not any(done for _, done in updates[:-1]), "Exactly the last update is final."
-    return handlers.finish_run(updates[-1][0], decoder), updates
+    return finish_run(updates[-1][0], decoder), updates
 
 
 @pytest.fixture(scope="module")
@@ -310,21 +312,21 @@ def test_compare_stream_reports_bad_input_in_the_page(prompt, values, needle):
 
 def test_compare_api_returns_texts_traces_and_metrics():
     hub = tiny_hub()
-    a, b, ta, tb, m = handlers.compare_api(hub, CAPS, REPEAT, '{"max_new_tokens": 12, "include_vanilla": true}')
+    a, b, ta, tb, m = api.compare_api(hub, CAPS, REPEAT, '{"max_new_tokens": 12, "include_vanilla": true}')
     ra, rb = result_from_json(ta), result_from_json(tb)
     assert ra.text == a and rb.text == b and ra.meta["prompt"] == REPEAT and ra.config.sampling.seed == 0
     metrics = json.loads(m)
     assert set(metrics) == {"respec", "eagle", "vanilla", "comparison"}
     assert metrics["respec"]["speedup_kind"] == "measured"
     with pytest.raises(ConfigError):
-        handlers.compare_api(hub, CAPS, REPEAT, '{"w": -3}')
+        api.compare_api(hub, CAPS, REPEAT, '{"w": -3}')
 
 
 # ------------------------------------------------------------------------------- replay
 def test_shipped_traces_replay_in_every_view_without_a_model(tmp_path):
-    shipped = handlers.recorded_traces()
+    shipped = traces.recorded_traces()
     assert shipped, "assets/traces must ship at least one recorded comparison."
-    hub = handlers.ModelHub("default", factory=lambda spec: pytest.fail("replay must not load a model"))
+    hub = ModelHub("default", factory=lambda spec: pytest.fail("replay must not load a model"))
     for name, files in shipped.items():
         assert set(files) >= {"respec", "eagle"}, f"{name}: a pair of traces"
         state = SessionState()
@@ -340,8 +342,8 @@ def test_shipped_traces_replay_in_every_view_without_a_model(tmp_path):
 
 
 def test_uploads_replay_and_reject_foreign_files(tmp_path):
-    hub = handlers.ModelHub("default", factory=lambda spec: pytest.fail("replay must not load a model"))
-    files = handlers.recorded_traces()[next(iter(handlers.recorded_traces()))]
+    hub = ModelHub("default", factory=lambda spec: pytest.fail("replay must not load a model"))
+    files = traces.recorded_traces()[next(iter(traces.recorded_traces()))]
     state = SessionState()
     out = handlers.open_uploads(hub, [str(p) for p in files.values()], False, False, state)
     assert "2 uploaded" in out["status"] and set(state.runs) == set(files)
@@ -403,14 +405,13 @@ def test_stop_ends_the_stream_with_a_stopped_status():
 def test_a_json_message_list_is_a_chat_prompt():
     chat = [{"role": "user", "content": "w5 w6 w7"}, {"role": "assistant", "content": "w8"},
             {"role": "user", "content": "w5 w6"}]
-    assert handlers.parse_prompt(json.dumps(chat)) == chat
-    assert handlers.parse_prompt("[not json") == "[not json" and handlers.parse_prompt("[1, 2]") == "[1, 2]"
-    _, _, ta, _, _ = handlers.compare_api(tiny_hub(), CAPS, json.dumps(chat), '{"max_new_tokens": 4}')
+    assert parse_prompt(json.dumps(chat)) == chat
+    assert parse_prompt("[not json") == "[not json" and parse_prompt("[1, 2]") == "[1, 2]"
+    _, _, ta, _, _ = api.compare_api(tiny_hub(), CAPS, json.dumps(chat), '{"max_new_tokens": 4}')
     assert result_from_json(ta).meta["prompt"] == chat, "The trace records the chat."
 
 
 def test_model_picker_offers_only_models_that_fit(tmp_path):
-    from app.handlers import ModelHub, model_fits
     huge = tmp_path / "huge"
     huge.mkdir()
     with open(huge / "model.safetensors", "wb") as fh:   # sparse file: claims 10 TB without using disk
@@ -418,6 +419,22 @@ def test_model_picker_offers_only_models_that_fit(tmp_path):
     assert model_fits("default") and not model_fits(str(huge))
     hub = ModelHub(choices=["default", str(huge)], factory=lambda spec: None)
     assert hub.choices == ["default"], "A model too big for this machine must not be offered."
+
+
+def test_bad_environment_values_warn_and_fall_back_to_the_defaults(monkeypatch, caplog):
+    """Environment variables are read when used, never at import; a bad value must not stop the app."""
+    from app.settings import env_float, env_int
+    from app.ui import gpu_duration_s, launch_kwargs
+    for name, value in (("RESPEC_GPU_DURATION", "two minutes"), ("RESPEC_STREAM_INTERVAL", "fast"),
+                        ("RESPEC_MAX_SESSIONS", "many"), ("RESPEC_MODELS", "a=, b"), ("RESPEC_MODEL", "=h")):
+        monkeypatch.setenv(name, value)
+    with caplog.at_level("WARNING", logger="respec.app"):
+        assert gpu_duration_s() == 120 and launch_kwargs()["state_session_capacity"] == 300
+        assert env_float("RESPEC_STREAM_INTERVAL", 0.25) == 0.25 and env_int("RESPEC_MAX_SESSIONS", 300) == 300
+        hub = ModelHub(factory=lambda spec: None)
+    assert (hub.choices, hub.spec) == (["default"], "default"), "a malformed model list offers the default model"
+    for name in ("RESPEC_GPU_DURATION", "RESPEC_STREAM_INTERVAL", "RESPEC_MAX_SESSIONS", "RESPEC_MODELS", "RESPEC_MODEL"):
+        assert name in caplog.text, f"the warning must name {name}"
 
 
 def test_paper_preset_restores_the_papers_thresholds_over_device_defaults():
@@ -445,7 +462,7 @@ def test_compare_settings_json_takes_an_engine_preset():
     assert cfg.trigger.theta_entropy == 2, "explicit settings win over the preset"
     assert (cfg.tree.total_tokens, cfg.tree.auto, cfg.candidates.min_match, cfg.candidates.tree_budget) == (60, False, 3, 60)
     assert build_config({"preset": "device"}, "respec", "cpu", CAPS) == build_config({}, "respec", "cpu", CAPS)
-    _, _, ta, tb, m = handlers.compare_api(tiny_hub(), CAPS, REPEAT, '{"preset": "paper", "max_new_tokens": 4}')
+    _, _, ta, tb, m = api.compare_api(tiny_hub(), CAPS, REPEAT, '{"preset": "paper", "max_new_tokens": 4}')
     for trace in (ta, tb):
         c = result_from_json(trace).config
         assert (c.tree.total_tokens, c.tree.depth, c.tree.top_k, c.tree.auto) == (60, 5, 10, False)

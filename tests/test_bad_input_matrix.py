@@ -348,10 +348,11 @@ class _Broken:
 @pytest.mark.parametrize("exc", [OSError("No space left on device"), ModelLoadError("cannot read weights of tiny"),
                                  RuntimeError("CUDA out of memory")])
 def test_a_model_that_fails_to_load_leaves_replay_mode_with_a_banner(exc):
-    from app import handlers
+    from app import api, handlers, traces
+    from app.hub import ModelHub
     from app.state import SessionState
     from tests.test_app_render import CAPS, REPEAT
-    hub = handlers.ModelHub("tiny", factory=_Broken(exc), choices=["tiny"])
+    hub = ModelHub("tiny", factory=_Broken(exc), choices=["tiny"])
     state = SessionState()
     updates = list(handlers.compare_stream(hub, CAPS, REPEAT, {}, False, False, False, state))
     last = updates[-1]
@@ -359,12 +360,12 @@ def test_a_model_that_fails_to_load_leaves_replay_mode_with_a_banner(exc):
     banner = last["banner"]
     assert banner["visible"] and "replay mode" in banner["value"] and "could not be loaded" in banner["value"]
     assert not state.running, "the tab can run again"
-    name = next(iter(handlers.recorded_traces()))
+    name = next(iter(traces.recorded_traces()))
     out = handlers.open_recorded(hub, name, False, False, state)
     assert "Replaying" in out["status"] and state.runs, "replay works without the model"
     # the API says the same, and a later successful load hides the banner
     with pytest.raises(RespecError, match="could not|No space|cannot read|CUDA"):
-        handlers.compare_api(hub, CAPS, REPEAT, "{}")
+        api.compare_api(hub, CAPS, REPEAT, "{}")
     from tests.test_app_render import tiny_runner
     good = tiny_runner()
     hub._factory = lambda spec: good

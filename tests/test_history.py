@@ -8,7 +8,7 @@ import json
 import pandas as pd
 import pytest
 
-from app import history, tuning
+from app import history, history_display, tuning
 from app.history import History, HistoryStore, build_row, compare_rows, entry_from_metrics, noise_verdict
 from app.settings import preset_values
 from app.state import SessionState
@@ -42,9 +42,9 @@ def test_an_entry_keeps_every_repeat_and_reports_median_and_spread():
     assert e.spread_pct == pytest.approx(100 * 2 / 11)
     assert e.retrieval_share == pytest.approx(0.4), "retrieval share = retrieval steps / steps"
     assert list(e.tokens) == [5, 6]
-    assert "median 11.0 tok/s" in history.timing_text(e) and "spread 10.0–14.0" in history.timing_text(e)
+    assert "median 11.0 tok/s" in history_display.timing_text(e) and "spread 10.0–14.0" in history_display.timing_text(e)
     single = entry_from_metrics("respec", [metrics(10.0)])
-    assert single.spread is None and history.timing_text(single) == "10.0 tok/s"
+    assert single.spread is None and history_display.timing_text(single) == "10.0 tok/s"
     with pytest.raises(ValueError):
         entry_from_metrics("respec", [])
 
@@ -125,16 +125,16 @@ def test_csv_and_table_hold_every_row(tmp_path):
     h.add(row(theta=1.5))
     h.add(row(theta=2.5, tps=(10.0, 12.0, 14.0), vanilla_tps=5.0))
     h.pin(1)
-    df = pd.read_csv(history.write_csv(h, str(tmp_path / "sub" / "h.csv")))
+    df = pd.read_csv(history_display.write_csv(h, str(tmp_path / "sub" / "h.csv")))
     assert list(df["run"]) == [1, 2] and list(df["A"].fillna("")) == ["A", ""]
     assert list(df["settings ≠ defaults"]) == ["θ_H=1.5", "θ_H=2.5"]
     assert df["ReSpec tok/s"].iloc[1] == 12.0 and df["ReSpec tok/s spread"].iloc[1] == 4.0
     for col in ("ReSpec MAT", "ReSpec trigger rate", "ReSpec retrieval share", "ReSpec relaxed tokens",
                 "ReSpec speedup", "ReSpec = vanilla", "EAGLE-2 tok/s", "vanilla tok/s"):
         assert col in df.columns, col
-    shown = history.table(h)
+    shown = history_display.table(h)
     assert list(shown["run"]) == [2, 1], "The page shows the newest run first."
-    assert history.table(History()).empty
+    assert history_display.table(History()).empty
 
 
 def test_json_has_settings_metrics_and_deltas_after_a():
@@ -143,7 +143,7 @@ def test_json_has_settings_metrics_and_deltas_after_a():
     h.add(row(theta=2.5))
     h.pin(2)
     h.add(row(theta=3.5, tokens=(1, 7)))
-    data = json.loads(json.dumps(history.history_json(h), allow_nan=False))
+    data = json.loads(json.dumps(history_display.history_json(h), allow_nan=False))
     assert data["pinned"] == 2 and [r["run"] for r in data["rows"]] == [1, 2, 3]
     assert "delta_vs_A" not in data["rows"][0] and "delta_vs_A" not in data["rows"][1]
     delta = data["rows"][2]["delta_vs_A"]
@@ -156,23 +156,23 @@ def test_the_plot_colours_runs_by_their_changed_settings():
     h = History()
     for theta in (1.5, 2.5, 1.5):
         h.add(row(theta=theta, tps=(10.0, 12.0)))
-    fig = history.history_figure(h, "tokens/s")
+    fig = history_display.history_figure(h, "tokens/s")
     names = [t.name for t in fig.data if t.mode == "markers"]
     assert names == ["θ_H=1.5 · ReSpec", "θ_H=1.5 · EAGLE-2", "θ_H=2.5 · ReSpec", "θ_H=2.5 · EAGLE-2"]
     first = next(t for t in fig.data if t.name == "θ_H=1.5 · ReSpec")
     assert list(first.x) == [1, 3] and list(first.error_y.array) == [1.0, 1.0]
-    mat = history.history_figure(h, "MAT")
+    mat = history_display.history_figure(h, "MAT")
     assert {tuple(t.y) for t in mat.data if t.mode == "markers"} == {(2.0, 2.0), (2.0,), (1.5, 1.5), (1.5,)}
 
 
 def test_the_summary_names_median_spread_and_deltas():
     h = History()
-    assert "No runs yet" in history.summary_html(h)
+    assert "No runs yet" in history_display.summary_html(h)
     h.add(row(theta=1.5, tps=(10.0,)))
-    assert "Pin a run" in history.summary_html(h)
+    assert "Pin a run" in history_display.summary_html(h)
     h.pin(1)
     h.add(row(theta=2.5, tps=(10.5, 9.5, 11.0)))
-    text = history.summary_html(h)
+    text = history_display.summary_html(h)
     assert "median 10.5 tok/s, spread 9.5–11.0" in text
     assert "vs A = run #1" in text and "θ_H 1.5 → 2.5" in text and "within the spread" in text
 
@@ -224,6 +224,7 @@ def test_every_repeat_runs_even_when_a_new_run_reuses_a_freed_runs_address(hub, 
     after clearing the state, so CPython hands out the freed addresses again: every repeat must
     still run, the row must be added, and the run hub and the tab must be free afterwards."""
     from app import handlers
+    from app.runs import plan_methods
     from app.state import Run
 
     real = SessionState()
@@ -235,7 +236,7 @@ def test_every_repeat_runs_even_when_a_new_run_reuses_a_freed_runs_address(hub, 
         try:
             old = {id(r) for r in state.runs.values()}
             state.clear()                               # frees the last repeat's Run objects
-            for key, _ in handlers.plan_methods(include_vanilla):
+            for key, _ in plan_methods(include_vanilla):
                 state.put(key, Run(*finished[key]))     # a fresh live run, likely at a freed address
             reused.append(bool(old & {id(r) for r in state.runs.values()}))
             calls.append(len(calls) + 1)
