@@ -114,7 +114,8 @@ class Engine:
         t0 = time.perf_counter()
         out = self.target.prefill(prompt)
         last = out.logits[-1]                                                   # [V]
-        root = int(last.argmax()) if self.config.greedy else sample(probs_from_logits(last[None], self.config.sampling)[0], gen)
+        cfg = self.config
+        root = int(last.argmax()) if cfg.greedy else sample(probs_from_logits(last[None], cfg.sampling)[0], gen)
         first_entropy, first_margin = float(entropy(last)), _margins(last[None])[0]
         self.drafter.reset(prompt, out.hidden if self.drafter.needs_hidden else None)
         _sync(self.target.device)
