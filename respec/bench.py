@@ -115,9 +115,9 @@ PLD_TOKENS = 10                          # transformers' prompt_lookup_num_token
 
 def parse_bench_methods(text: str | Sequence[str]) -> list[str]:
     """Engine methods and peers, in order, without duplicates. Raises ConfigError."""
-    from respec.config import IMPLEMENTED_METHODS
+    from respec.config import METHODS
     from respec.runner import parse_methods
-    return parse_methods(text, IMPLEMENTED_METHODS + PEERS)
+    return parse_methods(text, METHODS + PEERS)
 
 
 def _record(q: Question, method: str, *, new_tokens: int, wall: float, steps: int, committed: int,

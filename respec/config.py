@@ -40,7 +40,6 @@ METHOD_INFO: dict[str, str] = {
                      "no score filter",
 }
 METHODS: tuple[str, ...] = tuple(METHOD_INFO)
-IMPLEMENTED_METHODS: tuple[str, ...] = METHODS
 #: Superseded ablation names, still accepted, and the method that isolates what they meant to remove.
 LEGACY_METHODS: dict[str, str] = {"respec-no-trigger": "respec-no-gate", "respec-no-ema": "respec-no-feedback"}
 #: Methods whose retrieval nodes are verified with the relaxed rule (lossy unless relax.budget == 0).

@@ -19,6 +19,7 @@ Contract (`TreeConfig.auto`, on by default on every device):
 - `ContinuationEstimator`: for retrieval drafts (SAM chains, ReSpec tries), the probability that
   the target continues along a drafted child, per match-length bucket, learned online from every
   verified retrieval step (Beta prior, exponentially decayed counts).
+`AutoDecision` is the record of one step's choice that drafters put in their decision.
 Pure functions (`plan_size`, `interpolate_cost`, `trie_node_probs`) are unit-tested against
 synthetic curves and acceptances (tests/test_cost_model.py).
 """
@@ -77,6 +78,32 @@ class SizePlan:
     def to_dict(self) -> dict:
         return {"kept": self.size, "of": self.of, "expected_tokens": round(self.expected_tokens, 3),
                 "cost_ms": round(self.cost_ms, 2), "rate_vs_plain": round(self.rate_vs_plain, 3)}
+
+
+@dataclass(frozen=True)
+class AutoDecision:
+    """What the cost model decided for one step's draft, as the trace records it (a decision's
+    extra["cost"]): the plan, and whichever of the drafter's own facts apply. EAGLE-2 fills
+    `reason` (and κ and the context offset, or the probe's hits when the head is switched off;
+    `plan` is None and `kept` 1 while it sits out); retrieval drafts fill `continuation`."""
+    plan: SizePlan | None
+    reason: str | None = None                 # one sentence (EAGLE-2), appended to the step's reason
+    kept: int | None = None                   # overrides plan.size: 1 when the head is switched off
+    probe_hits: int | None = None             # the probe's top-1 matches ...
+    probe_rows: int | None = None             # ... of this many checked positions
+    kappa: float | None = None                # the head's calibration at this step
+    context_offset_ms: float | None = None    # the cost model's context shift at this step
+    continuation: float | None = None         # retrieval continuation rate for this match length
+
+    def to_dict(self) -> dict:
+        d = {} if self.plan is None else self.plan.to_dict()
+        facts = {"kept": self.kept, "probe_hits": self.probe_hits, "probe_rows": self.probe_rows,
+                 "kappa": None if self.kappa is None else round(self.kappa, 3),
+                 "context_offset_ms": None if self.context_offset_ms is None else round(self.context_offset_ms, 2),
+                 "continuation": None if self.continuation is None else round(self.continuation, 3),
+                 "reason": self.reason}
+        d.update((k, v) for k, v in facts.items() if v is not None)
+        return d
 
 
 def plan_size(probs: Sequence[float], curve: Mapping[int, float], draft_ms: float = 0.0,

@@ -8,22 +8,26 @@ for token (up to batched-vs-single-token rounding in low precision; see README "
 Sampling (temperature > 0) uses lossless speculative sampling with one torch.Generator per run.
 
 Per run: a fresh KV cache and fresh drafter state (reset), so requests never leak into each other.
+Where generation ends (a stop token, max_new_tokens, the context) is respec/tokens.py
+`cut_generated`, the one rule the loop and `assemble` share.
 """
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import torch
 
 from respec.config import RELAXED_METHODS, EngineConfig
 from respec.cost import CostModel, cost_max_size
-from respec.drafters.base import DraftContext, Drafter, StepOutcome
+from respec.drafters.base import Candidate, DraftContext, Drafter, Proposal, StepOutcome
 from respec.errors import PromptError
 from respec.models.base import TargetModel
 from respec.sampling import entropy, probs_from_logits, sample
+from respec.tokens import cut_generated
 from respec.trace import GenerationResult, StepTrace
-from respec.verify import NodeStats, node_target_stats, verify_greedy, verify_sampling
+from respec.verify import NodeStats, Verdict, node_target_stats, verify_greedy, verify_sampling
 
 
 def _sync(device: torch.device) -> None:
@@ -45,6 +49,31 @@ def _node_ranks_probs(stats: NodeStats) -> tuple[tuple[int, ...], tuple[float, .
     return tuple(int(r) for r in ranks), tuple(float(p) for p in probs)
 
 
+@dataclass(frozen=True)
+class Prefill:
+    """The prefill of a run: the first generated token (the target's choice after the prompt), the
+    entropy and top-1/top-2 margin of the distribution that chose it, and its wall time."""
+    token: int
+    entropy: float
+    margin: float
+    ms: float
+
+
+def _step_trace(step: int, proposal: Proposal, verdict: Verdict, logits: torch.Tensor, stats: NodeStats,
+                draft_ms: float, verify_ms: float, candidates: Sequence[Candidate]) -> StepTrace:
+    """The step's record, with its per-step metrics. logits: [n + 1, V] of the tree forward."""
+    path = list(verdict.path)
+    tree = proposal.tree
+    path_logits = logits[path]                                                  # [a + 1, V]
+    node_ranks, node_probs = _node_ranks_probs(stats)
+    new_tokens = [tree.tokens[i] for i in path[1:]] + [verdict.next_token]
+    return StepTrace(step=step, source=proposal.source, tree=tree, verdict=verdict,
+                     new_tokens=tuple(new_tokens), entropies=tuple(entropy(path_logits).tolist()),
+                     margins=tuple(_margins(path_logits)), node_ranks=node_ranks, node_probs=node_probs,
+                     draft_ms=draft_ms, verify_ms=verify_ms, decision=proposal.decision,
+                     candidates=tuple(c.to_dict() for c in candidates))
+
+
 class Engine:
     def __init__(self, target: TargetModel, drafter: Drafter, config: EngineConfig,
                  stop_token_ids: Sequence[int] | None = None, tokenizer=None,
@@ -57,17 +86,15 @@ class Engine:
         # Relaxed verification (ReSpec's retrieval nodes, greedy only) never relaxes these tokens.
         self.no_relax_ids = frozenset(no_relax_ids or ()) | self.stop_token_ids
         self.relax = config.relax if (config.method in RELAXED_METHODS and config.greedy) else None
-        self.last_result: GenerationResult | None = None
-        self._first: tuple[int, float, float, float] | None = None
+        self._prefill: Prefill | None = None
 
     def cost_model(self) -> CostModel | None:
-        """This request's cost model (respec/cost.py) when `tree.auto` is on and the target measures
-        a verify-cost curve; None (fixed draft sizes) otherwise."""
+        """This request's cost model (respec/cost.py) when `tree.auto` is on; None (fixed draft
+        sizes) otherwise."""
         cfg = self.config
-        curve = getattr(self.target, "verify_cost_curve", None)
-        if not cfg.tree.auto or cfg.method == "vanilla" or curve is None:
+        if not cfg.tree.auto or cfg.method == "vanilla":
             return None
-        return CostModel(lambda n: curve(max_size=n), cost_max_size(cfg))
+        return CostModel(lambda n: self.target.verify_cost_curve(max_size=n), cost_max_size(cfg))
 
     def check_prompt(self, prompt: Sequence[int]) -> None:
         if len(prompt) == 0:
@@ -77,38 +104,45 @@ class Engine:
             raise PromptError(f"the prompt has {len(prompt)} tokens; the model's context holds "
                               f"{self.target.context_length}, leaving no room to generate")
 
-    def stream(self, prompt: Sequence[int]) -> Iterator[StepTrace]:
-        """The only decoding loop. Yields one StepTrace per target forward after the prefill."""
-        cfg = self.config
-        self._first = None
-        prompt = [int(t) for t in prompt]
-        self.check_prompt(prompt)
-        gen = torch.Generator(device="cpu").manual_seed(cfg.sampling.seed)
-        greedy = cfg.greedy
-        dev = self.target.device
-        ctx_len = self.target.context_length
-        max_new = min(cfg.max_new_tokens, ctx_len - len(prompt))
+    def _max_new(self, prompt: Sequence[int]) -> int:
+        """Tokens this run may generate: max_new_tokens, or fewer where the context ends first."""
+        return min(self.config.max_new_tokens, self.target.context_length - len(prompt))
 
-        # 1. Prefill the prompt; the first generated token is the target's choice after it.
+    def _run_prefill(self, prompt: list[int], gen: torch.Generator) -> Prefill:
+        """1. Prefill the prompt; the first generated token is the target's choice after it.
+        2. Reset the drafter: index the prompt, queue prompt features for EAGLE catch-up."""
         t0 = time.perf_counter()
         out = self.target.prefill(prompt)
         last = out.logits[-1]                                                   # [V]
-        root = int(last.argmax()) if greedy else sample(probs_from_logits(last[None], cfg.sampling)[0], gen)
-        first_entropy = float(entropy(last))
-        first_margin = _margins(last[None])[0]
-        # 2. Reset the drafter: index the prompt, queue prompt features for EAGLE catch-up.
+        cfg = self.config
+        root = int(last.argmax()) if cfg.greedy else sample(probs_from_logits(last[None], cfg.sampling)[0], gen)
+        first_entropy, first_margin = float(entropy(last)), _margins(last[None])[0]
         self.drafter.reset(prompt, out.hidden if self.drafter.needs_hidden else None)
-        _sync(dev)
-        self._first = (root, first_entropy, first_margin, (time.perf_counter() - t0) * 1000)
-        committed = list(prompt)          # fed to the target (the root is not yet)
-        generated = [root]
-        entropies = [first_entropy]
-        if root in self.stop_token_ids or len(generated) >= max_new:
-            return
+        _sync(self.target.device)
+        return Prefill(root, first_entropy, first_margin, (time.perf_counter() - t0) * 1000)
 
+    def _verify(self, tree, logits: torch.Tensor, stats: NodeStats, gen: torch.Generator) -> Verdict:
+        """Strict greedy (relaxed for retrieval nodes where the method relaxes), or lossless
+        speculative sampling. logits: [n + 1, V]."""
+        if self.config.greedy:
+            return verify_greedy(tree, logits, self.relax, self.no_relax_ids, stats)
+        return verify_sampling(tree, probs_from_logits(logits, self.config.sampling), gen)
+
+    def stream(self, prompt: Sequence[int]) -> Iterator[StepTrace]:
+        """The only decoding loop. Yields one StepTrace per target forward after the prefill."""
+        self._prefill = None
+        prompt = [int(t) for t in prompt]
+        self.check_prompt(prompt)
+        gen = torch.Generator(device="cpu").manual_seed(self.config.sampling.seed)
+        dev, ctx_len, max_new = self.target.device, self.target.context_length, self._max_new(prompt)
+        # 1-2. Prefill and drafter reset.
+        self._prefill = first = self._run_prefill(prompt, gen)
+        committed = list(prompt)          # fed to the target (the root is not yet)
+        generated, entropies = [first.token], [first.entropy]
+        if cut_generated(generated, self.stop_token_ids, max_new).reason is not None:
+            return
         # 3. Loop: draft, verify in one forward, commit, feed back, report.
-        cost = self.cost_model()
-        step = 0
+        cost, step, root = self.cost_model(), 0, first.token
         while True:
             # 3.1 Context for the drafter: node cap keeps the tree inside the model's context.
             max_nodes = max(1, ctx_len - len(committed))
@@ -121,95 +155,71 @@ class Engine:
                 raise RuntimeError(f"drafter {self.drafter.name} proposed {tree.size} nodes, cap {max_nodes}")
             _sync(dev)
             t_verify = time.perf_counter()
-            # 3.3 One target forward over the whole tree (tree mask, depth positions).
+            # 3.3 One target forward over the whole tree (tree mask, depth positions); 3.4 verify.
             tout = self.target.forward_tree(tree, need_hidden=self.drafter.needs_hidden)
-            # 3.4 Verify: strict greedy, or lossless speculative sampling.
             stats = node_target_stats(tree, tout.logits)    # for the trace, and the relaxed rule
-            if greedy:
-                verdict = verify_greedy(tree, tout.logits, self.relax, self.no_relax_ids, stats)
-            else:
-                verdict = verify_sampling(tree, probs_from_logits(tout.logits, cfg.sampling), gen)
+            verdict = self._verify(tree, tout.logits, stats, gen)
             # 3.5 Keep only the accepted path in the KV cache; commit root + accepted tokens.
             path = list(verdict.path)
             self.target.keep(path)
             _sync(dev)
-            t_done = time.perf_counter()
-            draft_ms, verify_ms = (t_verify - t_draft) * 1000, (t_done - t_verify) * 1000
+            draft_ms, verify_ms = (t_verify - t_draft) * 1000, (time.perf_counter() - t_verify) * 1000
             if cost is not None:
-                cost.observe(tree.size, verify_ms)
-            # trace statistics, outside the timed window (the cost model must see the forward only)
-            path_logits = tout.logits[path]                                     # [a + 1, V]
-            node_ranks, node_probs = _node_ranks_probs(stats)
-            step_entropies = entropy(path_logits).tolist()
-            step_margins = _margins(path_logits)
+                cost.observe(tree.size, verify_ms)          # the forward only: metrics come after
             committed.extend(tree.tokens[i] for i in path)
-            new_tokens = [tree.tokens[i] for i in path[1:]] + [verdict.next_token]
             # 3.6 Feed back to the drafter (indexes, EMA, EAGLE catch-up features).
-            hidden = None
-            if tout.hidden is not None:
-                hidden = tout.hidden[torch.tensor(path, device=tout.hidden.device)]  # [a + 1, H]
-            feedback = self.drafter.observe(StepOutcome(proposal=proposal, verdict=verdict,
+            hidden = None if tout.hidden is None else tout.hidden[torch.tensor(path, device=tout.hidden.device)]
+            feedback = self.drafter.observe(StepOutcome(proposal=proposal, verdict=verdict,   # hidden [a + 1, H]
                                                         committed=[tree.tokens[i] for i in path],
                                                         committed_hidden=hidden, next_root=verdict.next_token,
                                                         verify_ms=verify_ms))
-            candidates = proposal.candidates if feedback is None else feedback
             # 3.7 Report the step.
-            yield StepTrace(step=step, source=proposal.source, tree=tree, verdict=verdict,
-                            new_tokens=tuple(new_tokens), entropies=tuple(step_entropies),
-                            margins=tuple(step_margins), node_ranks=node_ranks, node_probs=node_probs,
-                            draft_ms=draft_ms, verify_ms=verify_ms,
-                            decision=proposal.decision, candidates=tuple(candidates))
+            trace = _step_trace(step, proposal, verdict, tout.logits, stats, draft_ms, verify_ms,
+                                proposal.candidates if feedback is None else feedback)
+            yield trace
             step += 1
             # 3.8 Stop at a stop token or at max_new_tokens (the last step may overshoot: truncated).
-            done = False
-            for t, h in zip(new_tokens, step_entropies):
-                generated.append(t)
-                entropies.append(h)
-                if t in self.stop_token_ids or len(generated) >= max_new:
-                    done = True
-                    break
-            if done or len(committed) + 1 >= ctx_len:
+            cut = cut_generated(trace.new_tokens, self.stop_token_ids, max_new - len(generated))
+            generated.extend(cut.tokens)
+            entropies.extend(trace.entropies[:len(cut.tokens)])
+            if cut.reason is not None or len(committed) + 1 >= ctx_len:
                 return
             root = verdict.next_token
 
     @property
-    def prefill(self) -> tuple[int, float, float, float] | None:
-        """(first token, its distribution's entropy, its top-1/top-2 margin, prefill ms) of the
-        current run, once `stream` has done the prefill; None before."""
-        return self._first
+    def prefill(self) -> Prefill | None:
+        """The current run's Prefill once `stream` has done it; None before."""
+        return self._prefill
 
     def assemble(self, prompt: Sequence[int], steps: Sequence[StepTrace], wall_time_s: float,
                  final: bool = True) -> GenerationResult:
         """The GenerationResult of the steps streamed so far: generated = [first token] + every
-        step's new tokens, cut at max_new_tokens (or the context end) and after a stop token.
-        With final=False (a run still streaming) the stop reason is "running" and text is not decoded."""
-        if self._first is None:
+        step's new tokens, cut by `cut_generated` at max_new_tokens (or the context end) and after
+        a stop token. With final=False (a run still streaming) the stop reason is "running" and
+        text is not decoded."""
+        first = self._prefill
+        if first is None:
             raise RuntimeError("assemble before the prefill")
-        root, first_entropy, first_margin, prefill_ms = self._first
-        tokens = [root]
+        tokens = [first.token]
         for s in steps:
             tokens.extend(s.new_tokens)
-        max_new = min(self.config.max_new_tokens, self.target.context_length - len(prompt))
-        tokens = tokens[:max_new]
-        stop_reason = "max_new_tokens" if len(tokens) == self.config.max_new_tokens else "context"
-        for i, t in enumerate(tokens):
-            if t in self.stop_token_ids:
-                tokens, stop_reason = tokens[:i + 1], "stop_token"
-                break
+        cut = cut_generated(tokens, self.stop_token_ids, self._max_new(prompt))
+        if cut.reason == "stop_token":
+            stop_reason = "stop_token"
+        else:
+            stop_reason = "max_new_tokens" if len(cut.tokens) == self.config.max_new_tokens else "context"
         if not final:
             stop_reason = "running"
         text = ""
         if final and self.tokenizer is not None:
-            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-        return GenerationResult(prompt_tokens=tuple(int(t) for t in prompt), tokens=tuple(tokens), text=text,
-                                first_entropy=first_entropy, first_margin=first_margin, steps=tuple(steps),
-                                config=self.config, wall_time_s=wall_time_s, prefill_ms=prefill_ms,
+            text = self.tokenizer.decode(list(cut.tokens), skip_special_tokens=True)
+        return GenerationResult(prompt_tokens=tuple(int(t) for t in prompt), tokens=cut.tokens, text=text,
+                                first_entropy=first.entropy, first_margin=first.margin, steps=tuple(steps),
+                                config=self.config, wall_time_s=wall_time_s, prefill_ms=first.ms,
                                 stop_reason=stop_reason, meta={})
 
     def generate(self, prompt: Sequence[int]) -> GenerationResult:
         """Run `stream` to the end and assemble the result (never re-implements the loop)."""
         t0 = time.perf_counter()
         steps = list(self.stream(prompt))
-        result = self.assemble(prompt, steps, time.perf_counter() - t0)
-        self.last_result = result
-        return result
+        return self.assemble(prompt, steps, time.perf_counter() - t0)

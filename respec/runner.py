@@ -69,11 +69,11 @@ def parse_model_choices(text: str) -> list[ModelChoice]:
 
 class Runner:
     def __init__(self, target, head: str | None = None) -> None:
-        from respec.drafters.eagle2 import load_eagle_head, random_head
+        from respec.drafters.eagle_head import load_eagle_head, random_head
 
         self.target = target
-        self.tokenizer = getattr(target, "tokenizer", None)
-        spec = getattr(getattr(target, "loaded", None), "spec", "")
+        self.tokenizer = target.tokenizer
+        spec = target.loaded.spec if target.loaded is not None else ""
         if head:
             self.head = load_eagle_head(head, target)       # a directory, or a Hub id (resolve_head_dir)
             self.head_info = f"checkpoint {head}"
@@ -107,7 +107,7 @@ class Runner:
         return frozenset(ids)
 
     def engine(self, config: EngineConfig) -> Engine:
-        if config.tree.auto and config.method != "vanilla" and hasattr(self.target, "verify_cost_curve"):
+        if config.tree.auto and config.method != "vanilla":
             # measured once per target and size, here rather than inside the first timed run
             from respec.cost import cost_max_size
             self.target.verify_cost_curve(max_size=cost_max_size(config))
@@ -121,9 +121,9 @@ class Runner:
 
     def meta(self, config: EngineConfig, prompt: str | list[dict] | None = None) -> dict:
         import transformers
-        loaded = getattr(self.target, "loaded", None)
-        return {"model": getattr(loaded, "name", getattr(self.target, "name", "model")),
-                "model_source": str(getattr(loaded, "source", "")),
+        loaded = self.target.loaded
+        return {"model": self.target.name if loaded is None else loaded.name,
+                "model_source": "" if loaded is None else str(loaded.source),
                 "device": str(self.target.device), "dtype": str(self.target.dtype).replace("torch.", ""),
                 "eagle_head": self.head_info, "method": config.method, "seed": config.sampling.seed,
                 "prompt": prompt, "torch": torch.__version__, "transformers": transformers.__version__,
@@ -153,8 +153,8 @@ class Runner:
 def parse_methods(text: str | Sequence[str], allowed: Sequence[str] | None = None) -> list[str]:
     """"a,b" or a list -> method names in order without duplicates, each one of `allowed` (default:
     the engine's methods). Raises ConfigError."""
-    from respec.config import IMPLEMENTED_METHODS
-    allowed = tuple(allowed or IMPLEMENTED_METHODS)
+    from respec.config import METHODS
+    allowed = tuple(allowed or METHODS)
     items = [m.strip() for m in (text.split(",") if isinstance(text, str) else text) if m.strip()]
     if not items:
         raise ConfigError("no methods given")

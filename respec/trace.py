@@ -43,7 +43,7 @@ class StepTrace:
     draft_ms: float
     verify_ms: float
     decision: Decision | None = None
-    candidates: tuple[dict, ...] = ()
+    candidates: tuple[dict, ...] = ()        # Candidate.to_dict() records (respec/drafters/base.py)
     node_ranks: tuple[int, ...] = ()        # [n + 1] target rank of each node's token after its parent (root 0)
     node_probs: tuple[float, ...] = ()      # [n + 1] target probability of each node's token (root 1.0)
 

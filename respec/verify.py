@@ -27,15 +27,13 @@ import torch
 from respec.config import RelaxConfig
 from respec.tree import DraftTree
 
-NodeStatus = Literal["accepted", "relaxed", "rejected", "unvisited"]
-
-
 @dataclass(frozen=True)
 class Verdict:
     path: tuple[int, ...]                 # node indices, root first: root + accepted nodes
     next_token: int                       # bonus or recovered token (the next step's root)
     next_kind: Literal["bonus", "recovered"]
-    node_status: tuple[str, ...]          # [n + 1]; the root is always "accepted"
+    node_status: tuple[str, ...]          # [n + 1] "accepted" | "relaxed" | "rejected" | "unvisited";
+                                          # the root is always "accepted"
     num_relaxed: int = 0
 
     @property

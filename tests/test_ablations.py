@@ -69,11 +69,11 @@ def test_no_feedback_ranks_by_match_then_recency_without_a_score_filter():
     d.reset(HIST, target.prefill(HIST).hidden)
     prop = d.propose(ctx)
     assert prop.source == "retrieval", "S0 0.2 < θ_score 0.5, yet no score filter applies"
-    assert [c["end_pos"] for c in prop.candidates] == [12, 2, 7], "match length first, then the most recent"
-    assert all(c["qualified"] and c["score_before"] == 0.2 for c in prop.candidates)
+    assert [c.end_pos for c in prop.candidates] == [12, 2, 7], "match length first, then the most recent"
+    assert all(c.qualified and c.score_before == 0.2 for c in prop.candidates)
     n = draft_length(10, 0.2)
-    assert [c["draft"] for c in prop.candidates[:2]] == [HIST[13:13 + n], HIST[3:3 + n]]
-    assert "draft" not in prop.candidates[2], "K = 2 candidates, as ReSpec would take"
+    assert [list(c.draft) for c in prop.candidates[:2]] == [HIST[13:13 + n], HIST[3:3 + n]]
+    assert prop.candidates[2].draft is None, "K = 2 candidates, as ReSpec would take"
     assert {prop.tree.tokens[c] for c in prop.tree.children()[0]} == {3, 8}
     full, _ = _drafter("respec", target, **over)
     full.reset(HIST, target.prefill(HIST).hidden)

@@ -118,17 +118,20 @@ def test_a_random_head_is_switched_off_at_its_first_probe_and_stays_lossless():
 
 
 def test_a_head_that_predicts_well_passes_its_probe_and_drafts():
-    from respec.drafters.eagle2 import Eagle2Drafter, random_head
+    from respec.drafters.eagle2 import Eagle2Drafter
+    from respec.drafters.eagle_head import random_head
     from respec.config import TreeConfig
     target = make_target("llama", seed=0)
     d = Eagle2Drafter(target, random_head(target), TreeConfig(total_tokens=8, depth=2, top_k=2, auto=True))
     cm = CostModel(lambda n: dict(AMX), max_size=8)
     d._hits, d._rows = 15, 16
-    assert d._probe_pays(cm), "15 of 16 right: a one-token draft pays"
+    assert d._probe_refusal(cm) is None, "15 of 16 right: a one-token draft pays"
     d._hits, d._rows = 0, 16
-    assert not d._probe_pays(cm) and d._skip == 4 and d.last_auto["kept"] == 1, "0 of 16: back off fast"
+    refusal = d._probe_refusal(cm)
+    assert refusal is not None and d._skip == 4 and refusal.kept == 1, "0 of 16: back off fast"
+    assert refusal.to_dict()["kept"] == 1, "the trace records the head switched off"
     d._hits, d._rows = 1, 16
-    assert not d._probe_pays(cm, probe_ms=5.0) and d._skip == 8, "1 of 16 does not pay for a 5 ms draft"
+    assert d._probe_refusal(cm, probe_ms=5.0) is not None and d._skip == 8, "1 of 16 does not pay for a 5 ms draft"
 
 
 def test_cost_model_drives_every_method_and_the_trace_records_prediction_and_outcome():
@@ -148,19 +151,20 @@ def test_cost_model_drives_every_method_and_the_trace_records_prediction_and_out
 
 def test_a_probe_over_a_long_queue_checks_the_tail_only_and_feeds_the_queue_only_if_it_passes(monkeypatch):
     from respec.config import TreeConfig
-    from respec.drafters.eagle2 import SCRATCH_WINDOW, Eagle2Drafter, random_head
+    from respec.drafters.eagle2 import SCRATCH_WINDOW, Eagle2Drafter
+    from respec.drafters.eagle_head import random_head
     target = make_target("llama", seed=0)
     prompt = [(7 * i) % 90 + 3 for i in range(SCRATCH_WINDOW + 40)]
     hidden = target.prefill(prompt).hidden
     d = Eagle2Drafter(target, random_head(target), TreeConfig(total_tokens=8, depth=2, top_k=2, auto=True))
     cm = CostModel(lambda n: dict(NO_AMX), max_size=8)
     d.reset(prompt, hidden)
-    tree = d.draft_tree(prompt, 5, cost=cm)
+    tree = d.draft_tree(prompt, 5, cost=cm).tree
     assert tree.size == 1 and d.kv_len == 0, "a failed probe must not feed the head the whole prompt"
     assert d._rows == 16 and sum(p.shape[0] for p in d._pending) == len(prompt), "the queue is kept"
     d.reset(prompt, hidden)
     monkeypatch.setattr(d, "scratch_check", lambda committed, root: setattr(d, "_hits", 3) or setattr(d, "_rows", 16))
-    monkeypatch.setattr(d, "_probe_pays", lambda cost, ms=0.0: True)
-    tree = d.draft_tree(prompt, 5, cost=cm)
+    monkeypatch.setattr(d, "_probe_refusal", lambda cost, ms=0.0: None)
+    tree = d.draft_tree(prompt, 5, cost=cm).tree
     assert d.kv_len == len(prompt) and not d._pending, "a head with hits is fed the whole queue, then drafts"
     assert d._rows == 16, "and judged again with its full context"

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from respec.config import TreeConfig
-from respec.drafters.eagle2 import (Eagle2Drafter, expand_tree, load_eagle_head, random_head, save_eagle_head)
+from respec.drafters.eagle2 import Eagle2Drafter, expand_tree
+from respec.drafters.eagle_head import load_eagle_head, random_head, save_eagle_head
 from respec.errors import ModelLoadError
 from tests.conftest import make_target, run
 
@@ -45,7 +46,7 @@ def test_tree_scores_equal_sequential_head_runs(arch, qkv):
     hidden = target.prefill(PROMPT).hidden
     drafter.reset(PROMPT, hidden)
     root = 40
-    tree = drafter.draft_tree(PROMPT, root)
+    tree = drafter.draft_tree(PROMPT, root).tree
     assert tree.size == 12 and set(tree.sources[1:]) == {"eagle"}
     assert drafter.kv_len == len(PROMPT), "Draft-tree KV must be discarded; only the context stays."
     want = _sequential_scores(target, head, PROMPT, tree)
@@ -121,7 +122,7 @@ def test_reduced_draft_vocabulary_round_trips_drafts_only_its_ids_and_is_lossles
     pre = target.prefill(PROMPT)
     drafter.reset(PROMPT, pre.hidden)
     root = int(pre.logits[-1].argmax())
-    tree = drafter.draft_tree(list(PROMPT), root)
+    tree = drafter.draft_tree(list(PROMPT), root).tree
     assert tree.num_draft == 11 and set(tree.tokens[1:]) <= set(vocab.tolist())
     drafter.reset(PROMPT, pre.hidden)
     f, logp = drafter.catch_up(list(PROMPT), root)
@@ -170,7 +171,7 @@ def test_auto_budget_with_a_random_head_mostly_skips_drafting_and_stays_lossless
 
 def test_head_uses_the_target_rope_base_in_float32_and_saves_it(tmp_path):
     import json as _json
-    from respec.drafters.eagle2 import _rope_theta
+    from respec.drafters.eagle_head import _rope_theta
     target = make_target("llama")
     target.model.config.rope_parameters = {"rope_type": "default", "rope_theta": 100000.0}
     head = random_head(target)

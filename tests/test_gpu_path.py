@@ -15,7 +15,8 @@ from torch import nn
 
 from respec.config import EngineConfig, TreeConfig
 from respec.drafters import make_drafter
-from respec.drafters.eagle2 import Eagle2Drafter, load_eagle_head, random_head, save_eagle_head
+from respec.drafters.eagle2 import Eagle2Drafter
+from respec.drafters.eagle_head import load_eagle_head, random_head, save_eagle_head
 from respec.engine import Engine
 from respec.errors import ConfigError, ModelLoadError
 from respec import prompting
@@ -247,12 +248,12 @@ def test_catch_up_moves_the_targets_features_to_the_heads_device(llama):
     root = int(out.logits[-1].argmax())
     plain = Eagle2Drafter(llama, head, cfg)
     plain.reset(PROMPT, out.hidden)
-    want = plain.draft_tree(list(PROMPT), root)
+    want = plain.draft_tree(list(PROMPT), root).tree
     moved = Eagle2Drafter(llama, head, cfg)
     moved.reset(PROMPT, None)
     elsewhere = _FeaturesElsewhere(out.hidden)
     moved._pending = [elsewhere]
-    got = moved.draft_tree(list(PROMPT), root)
+    got = moved.draft_tree(list(PROMPT), root).tree
     assert elsewhere.moved_to == head.fc.weight.device, "features must be moved to the head's device"
     assert got.tokens == want.tokens and got.parents == want.parents
 

@@ -45,7 +45,7 @@ def test_every_earlier_position_is_a_candidate_and_trie_merges_them():
     hist = [5, 6, 7, 8, 1, 5, 6, 7, 9, 2, 5, 6, 7, 8, 3, 5, 6]
     d.reset(hist, None)
     prop = d.propose(DraftContext(tokens=hist, root=7, entropies=[0.1, 0.1, 0.1], max_nodes=100))
-    ends = sorted(c["end_pos"] for c in prop.candidates)
+    ends = sorted(c.end_pos for c in prop.candidates)
     assert ends == [2, 7, 12], f"All earlier match positions must be enumerated, got {ends}."
     assert prop.source == "retrieval"
     firsts = {prop.tree.tokens[c] for c in prop.tree.children()[0]}
@@ -60,7 +60,7 @@ def test_low_scores_fall_back_to_eagle_with_a_reason():
     d.reset(hist, target.prefill(hist).hidden)
     prop = d.propose(DraftContext(tokens=hist, root=7, entropies=[0.1], max_nodes=100))
     assert prop.source == "eagle" and "fallback" in prop.decision.reason
-    assert prop.candidates and not prop.candidates[0]["qualified"]
+    assert prop.candidates and not prop.candidates[0].qualified
 
 
 def test_no_trigger_means_eagle():

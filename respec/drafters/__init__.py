@@ -7,21 +7,24 @@ family (respec, respec-strict and the ablations) is one drafter with the parts o
 """
 from __future__ import annotations
 
-from respec.config import IMPLEMENTED_METHODS, EngineConfig
-from respec.drafters.base import Decision, DraftContext, Drafter, Proposal, StepOutcome
+from respec.config import METHODS, EngineConfig
+from respec.drafters.base import (Candidate, CandidateOutcome, Decision, DraftContext, Drafter, Proposal,
+                                    StepOutcome)
 from respec.errors import ConfigError
 
-__all__ = ["Decision", "DraftContext", "Drafter", "Proposal", "StepOutcome", "make_drafter"]
+__all__ = ["Candidate", "CandidateOutcome", "Decision", "DraftContext", "Drafter", "Proposal", "StepOutcome",
+           "make_drafter"]
 
 
 def make_drafter(method: str, target, config: EngineConfig, head=None) -> Drafter:
-    from respec.drafters.eagle2 import Eagle2Drafter, random_head
+    from respec.drafters.eagle2 import Eagle2Drafter
+    from respec.drafters.eagle_head import random_head
     from respec.drafters.respec import VARIANTS, ReSpecDrafter
     from respec.drafters.sam import SamDrafter
     from respec.drafters.vanilla import VanillaDrafter
 
-    if method not in IMPLEMENTED_METHODS:
-        raise ConfigError(f"method {method!r} is not available; choose one of {', '.join(IMPLEMENTED_METHODS)}")
+    if method not in METHODS:
+        raise ConfigError(f"method {method!r} is not available; choose one of {', '.join(METHODS)}")
     if method == "vanilla":
         return VanillaDrafter()
     variant = VARIANTS.get(method)

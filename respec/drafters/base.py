@@ -3,8 +3,11 @@
 Contract: the engine calls `reset(prompt, prompt_hidden)` once per request, then per step
 `propose(ctx)` -> Proposal (a DraftTree rooted at ctx.root plus the decision records the UI shows),
 and after verification `observe(outcome)` with what was committed, so the drafter can extend its
-indexes, update scores and queue hidden states for EAGLE catch-up. A drafter never touches the
-target's KV cache and never decides acceptance; it only proposes.
+indexes, update scores and queue hidden states for EAGLE catch-up; it returns the proposal's
+candidates with their outcomes as new records. A drafter never touches the target's KV cache and
+never decides acceptance; it only proposes. Every record crossing this seam is a frozen dataclass
+(`Candidate`, `CandidateOutcome`, `Decision`, respec.cost `AutoDecision`); the trace stores their
+`to_dict()` forms.
 """
 from __future__ import annotations
 
@@ -45,11 +48,45 @@ class Decision:
 
 
 @dataclass(frozen=True)
+class CandidateOutcome:
+    """What verification made of one retrieval candidate (filled in by the drafter's `observe`)."""
+    accepted: int                            # leading tokens of its proposed draft the target accepted
+    score_after: float | None                # its score after the EMA update, None without feedback
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One earlier match position a retrieval drafter considered this step (ReSpec). Records are
+    immutable: choosing, trie membership and the outcome each make a new one
+    (dataclasses.replace). `to_dict` is the trace's JSON record: a key is present exactly when its
+    stage happened (draft/proposed once chosen, accepted/score_after once observed)."""
+    end_pos: int                             # position e in the committed tokens where the match ends
+    match_len: int                           # matched suffix length there (the root included)
+    inherited_from: int | None               # e' whose score e inherited (ReSpec's span feedback)
+    score_before: float | None               # S_e when chosen (None: the variant keeps no score)
+    qualified: bool                          # S_e >= θ_score (always True without a score filter)
+    draft: tuple[int, ...] | None = None     # the tokens it offers (None: not chosen)
+    proposed: int | None = None              # leading draft tokens that made it into the trie
+    outcome: CandidateOutcome | None = None
+
+    def to_dict(self) -> dict:
+        d = {"end_pos": self.end_pos, "match_len": self.match_len, "inherited_from": self.inherited_from,
+             "score_before": self.score_before, "qualified": self.qualified}
+        if self.draft is not None:
+            d["draft"] = list(self.draft)
+        if self.proposed is not None:
+            d["proposed"] = self.proposed
+        if self.outcome is not None:
+            d.update(accepted=self.outcome.accepted, score_after=self.outcome.score_after)
+        return d
+
+
+@dataclass(frozen=True)
 class Proposal:
     tree: DraftTree
     source: str                              # "retrieval" | "eagle" | "none" (root only)
     decision: Decision | None = None
-    candidates: tuple[dict, ...] = ()        # retrieval candidates considered (ReSpec), JSON-ready
+    candidates: tuple[Candidate, ...] = ()   # retrieval candidates considered (ReSpec)
 
 
 @dataclass(frozen=True)
@@ -70,5 +107,6 @@ class Drafter(Protocol):
 
     def propose(self, ctx: DraftContext) -> Proposal: ...
 
-    def observe(self, outcome: StepOutcome) -> tuple[dict, ...] | None:
-        """Return the proposal's candidate records completed with their outcome, or None."""
+    def observe(self, outcome: StepOutcome) -> tuple[Candidate, ...] | None:
+        """Return the proposal's candidates with their outcomes (new records), or None when the
+        proposal's candidates stand as they are."""

@@ -4,8 +4,9 @@ EAGLE-2 fallback. HOW to verify (relaxed for retrieval nodes) lives in respec/ve
 applies it for the relaxed methods.
 
 Contract: `propose` records every decision (trigger inputs and outcome, each candidate with its match
-length and score, whether the fallback fired and why) in the Proposal; `observe` returns the
-candidate records completed with tokens accepted and score after the EMA update. The trie keeps
+length and score, whether the fallback fired and why) in the Proposal, candidates as frozen
+`Candidate` records; `observe` returns new records carrying their `CandidateOutcome` (tokens
+accepted, score after the EMA update). The trie keeps
 its most probable nodes (continuation rate x candidate scores, see `_trie`), as many as the cost
 model says pay (tree.auto) or the trie budget holds. The inner EAGLE-2
 drafter is kept in sync on every step (catch-up), whichever source drafted.
@@ -32,10 +33,11 @@ from typing import Sequence
 import torch
 
 from respec.config import CandidateConfig, EngineConfig, TriggerConfig
-from respec.cost import ContinuationEstimator, SizePlan, ancestor_closed_order, trie_node_probs
-from respec.drafters.base import Decision, DraftContext, Proposal, StepOutcome
-from respec.drafters.eagle2 import Eagle2Drafter, capped_tree_config
+from respec.cost import AutoDecision, ContinuationEstimator, SizePlan, ancestor_closed_order, trie_node_probs
+from respec.drafters.base import Candidate, CandidateOutcome, Decision, DraftContext, Proposal, StepOutcome
+from respec.drafters.eagle2 import Eagle2Drafter
 from respec.retrieval import NgramPositionIndex, SuffixAutomaton
+from respec.tokens import common_prefix_len, cut_at_stop
 from respec.tree import DraftTree
 
 QUERY_TAIL = 40          # tokens of hist + [root] handed to the position index (> its cap of 32)
@@ -128,8 +130,7 @@ class ReSpecDrafter:
         self.index = NgramPositionIndex(qmax=8)
         self.scores: dict[int, float] = {}       # S_e, keyed by end position e in hist
         self.pred_of: dict[int, int] = {}        # e' -> e: e' continues e's copied span
-        self._last: list[dict] | None = None     # candidate records of the last retrieval step
-        self._last_match: int | None = None      # its match length (for the continuation estimate)
+        self._last_match: int | None = None      # match length of the last retrieval step (continuation)
         self.continuation = ContinuationEstimator()
 
     def reset(self, prompt: Sequence[int], prompt_hidden: torch.Tensor | None) -> None:
@@ -160,51 +161,50 @@ class ReSpecDrafter:
                                  extra={"trigger_scores": list(t.scores)})
 
     # -- 2. WHAT -------------------------------------------------------------------------------
-    def _candidates(self, ctx: DraftContext, match: int) -> list[dict]:
+    def _candidates(self, ctx: DraftContext, match: int) -> list[Candidate]:
+        """Every earlier match position as a Candidate: the chosen ones first (with their drafts, cut
+        after a stop token), then the others in the order found; a chosen one with nothing to copy
+        is dropped."""
         c = self.cand_cfg
         hist = ctx.tokens
         if self.selection == "earliest":     # legacy ablation: SAM's earliest occurrence only, no score
             cont = self.sam.earliest_continuation(ctx.root, c.l_max)
             if not cont.tokens:
                 return []
-            return [{"end_pos": cont.end, "match_len": cont.match_length, "inherited_from": None,
-                     "score_before": None, "draft": list(cont.tokens), "qualified": True}]
+            return [Candidate(end_pos=cont.end, match_len=cont.match_length, inherited_from=None,
+                              score_before=None, qualified=True, draft=tuple(cut_at_stop(cont.tokens, self.stop)))]
         tail = list(hist[-QUERY_TAIL:]) + [ctx.root]
         found = self.index.positions(tail, min_match=c.min_match, max_n=c.max_positions,
                                      max_examined=c.max_positions)
         if self.selection == "recency":      # ablation: no feedback, every score stays S0, no filter
-            out = [{"end_pos": mp.end, "match_len": mp.match_length, "inherited_from": None,
-                    "score_before": c.s0, "qualified": True} for mp in found]
-            chosen = sorted(out, key=lambda x: (x["match_len"], x["end_pos"]), reverse=True)[:c.top_k]
-            for x in chosen:
-                x["draft"] = list(hist[x["end_pos"] + 1:x["end_pos"] + 1 + draft_length(c.l_max, c.s0)])
-            return [x for x in chosen if x["draft"]] + [x for x in out if x not in chosen]
-        out = []
-        for mp in found:
-            e = mp.end
-            inherited = None
-            if e not in self.scores:
-                pred = self.pred_of.get(e)
-                inherited = pred if pred is not None and pred in self.scores else None
-                self.scores[e] = self.scores[pred] if inherited is not None else c.s0
-            s = self.scores[e]
-            out.append({"end_pos": e, "match_len": mp.match_length, "inherited_from": inherited,
-                        "score_before": s, "qualified": s >= c.theta_score})
-        ranked = sorted((x for x in out if x["qualified"]),
-                        key=lambda x: (x["score_before"], x["match_len"], x["end_pos"]), reverse=True)
-        chosen = ranked[:c.top_k]
+            out = [Candidate(end_pos=mp.end, match_len=mp.match_length, inherited_from=None,
+                             score_before=c.s0, qualified=True) for mp in found]
+            chosen = sorted(out, key=lambda x: (x.match_len, x.end_pos), reverse=True)[:c.top_k]
+        else:
+            out = []
+            for mp in found:
+                e = mp.end
+                inherited = None
+                if e not in self.scores:
+                    pred = self.pred_of.get(e)
+                    inherited = pred if pred is not None and pred in self.scores else None
+                    self.scores[e] = self.scores[pred] if inherited is not None else c.s0
+                s = self.scores[e]
+                out.append(Candidate(end_pos=e, match_len=mp.match_length, inherited_from=inherited,
+                                     score_before=s, qualified=s >= c.theta_score))
+            ranked = sorted((x for x in out if x.qualified),
+                            key=lambda x: (x.score_before, x.match_len, x.end_pos), reverse=True)
+            chosen = ranked[:c.top_k]
+        picked = {id(x) for x in chosen}
+        drafted = []
         for x in chosen:
-            n = draft_length(c.l_max, x["score_before"])
-            x["draft"] = list(hist[x["end_pos"] + 1:x["end_pos"] + 1 + n])
-        return [x for x in chosen if x["draft"]] + [x for x in out if x not in chosen]
+            n = draft_length(c.l_max, x.score_before)
+            draft = cut_at_stop(hist[x.end_pos + 1:x.end_pos + 1 + n], self.stop)
+            if draft:
+                drafted.append(dataclasses.replace(x, draft=tuple(draft)))
+        return drafted + [x for x in out if id(x) not in picked]
 
-    def _cut_at_stop(self, draft: list[int]) -> list[int]:
-        for i, t in enumerate(draft):
-            if t in self.stop:
-                return draft[:i + 1]
-        return draft
-
-    def _trie(self, ctx: DraftContext, match: int, chosen: list[dict], t0: float
+    def _trie(self, ctx: DraftContext, match: int, chosen: list[Candidate], t0: float
               ) -> tuple[DraftTree, SizePlan | None, float]:
         """Merge the chosen candidates' drafts into one trie and keep its most probable nodes: each
         node's probability is the continuation rate for this match length, shared among siblings by
@@ -213,11 +213,8 @@ class ReSpecDrafter:
         cost model (tree.auto) picks how many pay, up to the trie budget; without it the budget
         is filled."""
         cap = min(self.cand_cfg.tree_budget, ctx.max_nodes)
-        paths = []
-        for x in chosen:
-            x["draft"] = self._cut_at_stop(x["draft"])
-            paths.append(x["draft"])
-        scores = [x["score_before"] if x["score_before"] is not None else 1.0 for x in chosen]
+        paths = [list(x.draft) for x in chosen]
+        scores = [x.score_before if x.score_before is not None else 1.0 for x in chosen]
         full = DraftTree.trie(ctx.root, paths, budget=1 + sum(len(p) for p in paths), path_scores=scores)
         rate = self.continuation.rate(match)
         probs = trie_node_probs(full.parents, full.scores, rate)
@@ -230,104 +227,93 @@ class ReSpecDrafter:
             size = plan.size
         return full.subtree(order[:size - 1]), plan, rate
 
+    def _retrieve(self, ctx: DraftContext, match: int, t0: float
+                  ) -> tuple[list[Candidate], DraftTree | None, SizePlan | None, float | None]:
+        """Candidates (with `proposed` set once a trie is built), the trie (None when it holds no
+        draft token), its cost plan and the continuation rate it was planned with."""
+        cands = self._candidates(ctx, match)
+        if not any(x.draft is not None for x in cands):
+            return cands, None, None, None
+        tree, plan, rate = self._trie(ctx, match, [x for x in cands if x.draft is not None], t0)
+        cands = [x if x.draft is None else dataclasses.replace(x, proposed=_in_trie(tree, x.draft)) for x in cands]
+        return cands, (tree if tree.num_draft else None), plan, rate
+
+    def _why(self, dec: Decision, fired: bool, match: int, cands: list[Candidate], tree: DraftTree | None,
+             plan: SizePlan | None, rate: float | None) -> str:
+        """The step's reason in one sentence (the trigger's, then what retrieval found)."""
+        other = "EAGLE-2" if self.eagle is not None else "no draft (no model fallback)"
+        fallback = " fallback" if self.eagle is not None else ""
+        theta = f"θ_score={self.cand_cfg.theta_score:g}"
+        if not fired:
+            return f"{dec.reason} → {other} (trigger off)"
+        if match < self.cand_cfg.min_match:
+            return f"{dec.reason}; match {match} < L_min={self.cand_cfg.min_match} → {other}"
+        chosen = [x for x in cands if x.proposed]
+        n_q = sum(1 for x in cands if x.qualified)
+        if tree is not None:
+            best = max((x.score_before or 0.0) for x in chosen) if chosen else 0.0
+            return (f"{dec.reason}; match {match} ≥ L_min; {len(cands)} positions, {n_q} with S ≥ {theta}; "
+                    f"best S {best:.2f} → retrieval trie of {tree.num_draft} tokens")
+        if chosen or plan is not None:
+            return (f"{dec.reason}; match {match}; {len(cands)} positions, {n_q} with S ≥ {theta}, but no "
+                    f"retrieved draft pays (continuation {rate:.2f}) → {other}{fallback}")
+        return f"{dec.reason}; match {match}; {len(cands)} positions, none with S ≥ {theta} → {other}{fallback}"
+
     def propose(self, ctx: DraftContext) -> Proposal:
         t0 = time.perf_counter()
         self._last_match = None
-        plan, rate = None, None
         match = self.sam.peek(ctx.root).length
         fired, dec = self._when(ctx, match)
-        cands: list[dict] = []
-        tree = None
-        other = "EAGLE-2" if self.eagle is not None else "no draft (no model fallback)"
-        if not fired:
-            why = f"{dec.reason} → {other} (trigger off)"
-        elif match < self.cand_cfg.min_match:
-            why = f"{dec.reason}; match {match} < L_min={self.cand_cfg.min_match} → {other}"
-        else:
-            cands = self._candidates(ctx, match)
-            chosen = [x for x in cands if "draft" in x]
-            if chosen:
-                tree, plan, rate = self._trie(ctx, match, chosen, t0)
-                for x in chosen:
-                    x["proposed"] = _in_trie(tree, x["draft"])
-                chosen = [x for x in chosen if x["proposed"] > 0]
-                if tree.num_draft == 0:
-                    tree = None
-            n_q = sum(1 for x in cands if x.get("qualified"))
-            if tree is not None:
-                best = max((x["score_before"] or 0.0) for x in chosen) if chosen else 0.0
-                why = (f"{dec.reason}; match {match} ≥ L_min; {len(cands)} positions, {n_q} with S ≥ "
-                       f"θ_score={self.cand_cfg.theta_score:g}; best S {best:.2f} → retrieval trie of "
-                       f"{tree.num_draft} tokens")
-            elif chosen or plan is not None:
-                why = (f"{dec.reason}; match {match}; {len(cands)} positions, {n_q} with S ≥ "
-                       f"θ_score={self.cand_cfg.theta_score:g}, but no retrieved draft pays "
-                       f"(continuation {rate:.2f}) → {other}" + (" fallback" if self.eagle is not None else ""))
-            else:
-                why = (f"{dec.reason}; match {match}; {len(cands)} positions, none with S ≥ "
-                       f"θ_score={self.cand_cfg.theta_score:g} → {other}" + (" fallback" if self.eagle is not None else ""))
+        cands, tree, plan, rate = [], None, None, None
+        if fired and match >= self.cand_cfg.min_match:
+            cands, tree, plan, rate = self._retrieve(ctx, match, t0)
+        why = self._why(dec, fired, match, cands, tree, plan, rate)
+        extra = {**dec.extra, "candidates_found": len(cands)}
         if tree is not None:
-            self._last = [x for x in cands if x.get("proposed", 0) > 0]
             self._last_match = match
-            cost = {} if plan is None else {"cost": {**plan.to_dict(), "continuation": round(rate, 3)}}
-            decision = dataclasses.replace(dec, source="retrieval", reason=why,
-                                           extra={**dec.extra, "candidates_found": len(cands), **cost})
+            if plan is not None:
+                extra["cost"] = AutoDecision(plan=plan, continuation=rate).to_dict()
+            decision = dataclasses.replace(dec, source="retrieval", reason=why, extra=extra)
             return Proposal(tree=tree, source="retrieval", decision=decision, candidates=tuple(cands))
-        self._last = None
         if self.eagle is None:           # ablation: retrieval only, a plain decoding step instead
-            decision = dataclasses.replace(dec, source="none", reason=why,
-                                           extra={**dec.extra, "candidates_found": len(cands)})
+            decision = dataclasses.replace(dec, source="none", reason=why, extra=extra)
             return Proposal(tree=DraftTree.root_only(ctx.root), source="none", decision=decision,
                             candidates=tuple(cands))
-        tree = self.eagle.draft_tree(ctx.tokens, ctx.root, capped_tree_config(self.eagle.tree_cfg, ctx.max_nodes),
-                                     ctx.cost)
-        auto = self.eagle.last_auto
-        decision = dataclasses.replace(dec, source="eagle" if tree.num_draft else "none",
-                                       reason=why + (f" ({auto['reason']})" if auto else ""),
-                                       extra={**dec.extra, "candidates_found": len(cands),
-                                              **({"cost": auto} if auto else {})})
-        return Proposal(tree=tree, source="eagle" if tree.num_draft else "none", decision=decision,
-                        candidates=tuple(cands))
+        eagle = self.eagle.draft(ctx)
+        source = "eagle" if eagle.tree.num_draft else "none"
+        if eagle.auto is not None:
+            why, extra = why + f" ({eagle.auto.reason})", {**extra, "cost": eagle.auto.to_dict()}
+        decision = dataclasses.replace(dec, source=source, reason=why, extra=extra)
+        return Proposal(tree=eagle.tree, source=source, decision=decision, candidates=tuple(cands))
 
     # -- 4. feedback ---------------------------------------------------------------------------
-    def observe(self, outcome: StepOutcome) -> tuple[dict, ...] | None:
+    def _observed(self, x: Candidate, accepted: Sequence[int]) -> Candidate:
+        """`x` with its outcome: tokens of its proposed draft the target accepted, and its score
+        after the EMA update (which this applies to the drafter's scores)."""
+        if not x.proposed:
+            return dataclasses.replace(x, outcome=CandidateOutcome(
+                accepted=0, score_after=x.score_before if self.selection == "ema" else None))
+        a = common_prefix_len(x.draft[:x.proposed], accepted)
+        score_after = None
+        if self.selection == "ema":
+            e = x.end_pos
+            self.scores[e] = ema_update(self.scores[e], a / x.proposed, self.cand_cfg.alpha)
+            score_after = self.scores[e]
+            self.pred_of[e + a + 1] = e
+        return dataclasses.replace(x, outcome=CandidateOutcome(accepted=a, score_after=score_after))
+
+    def observe(self, outcome: StepOutcome) -> tuple[Candidate, ...] | None:
         records = None
-        if outcome.proposal.source == "retrieval" and self._last is not None:
+        if outcome.proposal.source == "retrieval" and self._last_match is not None:
             accepted = list(outcome.committed[1:])
-            alpha = self.cand_cfg.alpha
-            for x in outcome.proposal.candidates:
-                if x.get("proposed", 0) <= 0:
-                    x["accepted"] = 0
-                    x["score_after"] = x["score_before"] if self.selection == "ema" else None
-                    continue
-                a = _common_prefix(x["draft"][:x["proposed"]], accepted)
-                x["accepted"] = a
-                e = x["end_pos"]
-                if self.selection == "ema":
-                    self.scores[e] = ema_update(self.scores[e], a / x["proposed"], alpha)
-                    x["score_after"] = self.scores[e]
-                    self.pred_of[e + a + 1] = e
-                else:
-                    x["score_after"] = None
-            records = outcome.proposal.candidates
-            if self._last_match is not None:
-                self.continuation.update(self._last_match, outcome.proposal.tree.parents, outcome.verdict.path)
-        self._last = None
+            records = tuple(self._observed(x, accepted) for x in outcome.proposal.candidates)
+            self.continuation.update(self._last_match, outcome.proposal.tree.parents, outcome.verdict.path)
         self._last_match = None
         self.sam.extend(outcome.committed)
         self.index.extend(outcome.committed)
         if self.eagle is not None:
             self.eagle.observe(outcome)
         return records
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _in_trie(tree: DraftTree, path: Sequence[int]) -> int:

@@ -19,10 +19,11 @@ from typing import Sequence
 import torch
 
 from respec.config import SamConfig
-from respec.cost import ContinuationEstimator, trie_node_probs
+from respec.cost import AutoDecision, ContinuationEstimator, trie_node_probs
 from respec.drafters.base import Decision, DraftContext, Proposal, StepOutcome
-from respec.drafters.eagle2 import Eagle2Drafter, capped_tree_config
+from respec.drafters.eagle2 import Eagle2Drafter
 from respec.retrieval import SuffixAutomaton
+from respec.tokens import cut_at_stop
 from respec.tree import DraftTree
 
 
@@ -56,11 +57,7 @@ class SamDrafter:
         # 2. Long enough -> retrieval chain, cut by the cost model to the length that pays; the
         #    EAGLE head still catches up later (its KV must stay in sync).
         if cont is not None and match >= self.cfg.len_threshold and cont.tokens:
-            draft = list(cont.tokens)
-            for i, t in enumerate(draft):
-                if t in self.stop:
-                    draft = draft[:i + 1]
-                    break
+            draft = cut_at_stop(cont.tokens, self.stop)
             tree = DraftTree.chain(ctx.root, draft, "retrieval")
             plan = None
             if ctx.cost is not None:
@@ -72,7 +69,7 @@ class SamDrafter:
                 self._last_match = match
                 extra = {"copy_from": cont.end, "match_used": cont.match_length}
                 if plan is not None:
-                    extra["cost"] = {**plan.to_dict(), "continuation": round(rate, 3)}
+                    extra["cost"] = AutoDecision(plan=plan, continuation=rate).to_dict()
                 decision = Decision(source="retrieval", match_len=match,
                                     reason=f"match {match} ≥ {self.cfg.len_threshold} → copy {tree.num_draft} "
                                            f"tokens after position {cont.end}"
@@ -84,14 +81,13 @@ class SamDrafter:
             note = (f"match {match} ≥ {self.cfg.len_threshold}, but no copied length pays "
                     f"(continuation {rate:.2f}) → EAGLE-2 tree")
         # 3. Otherwise the EAGLE-2 tree.
-        tree = self.eagle.draft_tree(ctx.tokens, ctx.root, capped_tree_config(self.eagle.tree_cfg, ctx.max_nodes),
-                                     ctx.cost)
-        auto = self.eagle.last_auto
+        eagle = self.eagle.draft(ctx)
+        auto = eagle.auto
         reason = note or f"match {match} < {self.cfg.len_threshold} → EAGLE-2 tree"
         decision = Decision(source="eagle", match_len=match,
-                            reason=reason + (f" ({auto['reason']})" if auto else ""),
-                            extra={"cost": auto} if auto else {})
-        return Proposal(tree=tree, source="eagle" if tree.num_draft else "none", decision=decision)
+                            reason=reason + (f" ({auto.reason})" if auto else ""),
+                            extra={"cost": auto.to_dict()} if auto else {})
+        return Proposal(tree=eagle.tree, source="eagle" if eagle.tree.num_draft else "none", decision=decision)
 
     def observe(self, outcome: StepOutcome) -> None:
         if outcome.proposal.source == "retrieval" and self._last_match is not None:

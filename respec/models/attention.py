@@ -10,6 +10,9 @@ only does that without a mask and otherwise copies every layer's keys and values
 first (`repeat_kv`: ~55 MB per 16-node verify at a 800-token context on the default model). Same
 maths, bit-identical logits (tests/test_kv_cache.py). On CUDA a masked GQA call would fall back to
 torch's math kernel, so there the stock path is kept.
+
+`additive_mask(blocked, past, dtype)` is the one bool -> additive mask conversion (tree verification
+in hf.py, the EAGLE head's causal and tree masks in respec/drafters/).
 """
 from __future__ import annotations
 
@@ -49,3 +52,13 @@ def use_tree_attention(model) -> bool:
     except (ValueError, ImportError):       # a model class that refuses custom attention keeps sdpa
         return False
     return True
+
+
+def additive_mask(blocked: torch.Tensor, past: int, dtype: torch.dtype) -> torch.Tensor:
+    """blocked [q, m] bool (True: may not attend) over the last m of past + m key positions ->
+    additive mask [1, 1, q, past + m] in `dtype` on blocked's device: 0 where attending is allowed
+    (all of the first `past` positions), the dtype's minimum where blocked."""
+    q, m = blocked.shape
+    mask = torch.zeros(1, 1, q, past + m, dtype=dtype, device=blocked.device)
+    mask[0, 0, :, past:].masked_fill_(blocked, torch.finfo(dtype).min)
+    return mask

@@ -5,16 +5,21 @@ feeds one DraftTree in ONE forward pass (4D tree attention mask, explicit positi
 depth) without committing it; `keep(path)` then commits exactly the KV rows of the accepted path
 nodes (root first) and drops the rest, so the cache always equals that of the committed text.
 Logits are returned as float32 on the model's device; `hidden` are the final-norm features (the
-vector fed to lm_head), which the EAGLE head consumes.
+vector fed to lm_head), which the EAGLE head consumes. `verify_cost_curve` feeds the cost model
+(respec/cost.py). Everything the engine, the drafters and the runner read of a target is declared
+here; respec/models/hf.py `HFTarget` is the implementation.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 import torch
 
 from respec.tree import DraftTree
+
+if TYPE_CHECKING:
+    from respec.models.loading import LoadedModel
 
 
 @dataclass(frozen=True)
@@ -30,6 +35,12 @@ class TargetModel(Protocol):
     context_length: int
     device: torch.device
     dtype: torch.dtype
+    name: str
+    model: torch.nn.Module           # the wrapped transformers model: its config and output layer
+                                     # (the EAGLE head is shaped from and drafts through them)
+    softcap: float | None            # final-logit softcapping the target applies, None for none
+    tokenizer: Any                   # the text tokenizer, None for a token-ids-only target
+    loaded: "LoadedModel | None"     # load facts (spec, source, ...) from load_target, else None
 
     @property
     def kv_len(self) -> int: ...
@@ -50,3 +61,7 @@ class TargetModel(Protocol):
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """[...] token ids -> [..., H] input embeddings of the target."""
+
+    def verify_cost_curve(self, max_size: int = 64, context: int = 256, reps: int = 4) -> dict[int, float]:
+        """Milliseconds of one tree forward per tree size {n: ms} (n <= max_size) after `context`
+        cached tokens, measured once and cached; the engine's cache is left as it was."""

@@ -21,21 +21,24 @@ verify-cost curve synchronises every CUDA device holding weights.
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 from transformers import DynamicCache
 
 from respec.models.base import TargetOutput
 from respec.models.compat import cache_kwarg, check_placement, check_transformers, cuda_devices, synchronize
-from respec.models.attention import use_tree_attention
+from respec.models.attention import additive_mask, use_tree_attention
 from respec.models.kv import slab_cache
 from respec.tree import DraftTree
+
+if TYPE_CHECKING:
+    from respec.models.loading import LoadedModel
 
 
 class HFTarget:
     def __init__(self, model, *, eos_token_ids: frozenset[int] = frozenset(), context_length: int | None = None,
-                 name: str = "model", tokenizer=None) -> None:
+                 name: str = "model", tokenizer=None, loaded: "LoadedModel | None" = None) -> None:
         check_transformers()
         check_placement(model, name)
         self.model = model.eval()
@@ -43,6 +46,7 @@ class HFTarget:
         self._tree_kwargs = {"respec_gqa": True} if use_tree_attention(model) else {}
         self.tokenizer = tokenizer
         self.name = name
+        self.loaded = loaded            # load facts (spec, source, ...) when built by load_target, else None
         cfg = model.config
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.hidden_size = int(cfg.hidden_size)
@@ -124,8 +128,7 @@ class HFTarget:
         else:
             # built on the device: only the [n, n] ancestor mask is copied, not [n, past + n]
             blocked = ~tree.attention_mask().to(self.device, non_blocking=True)           # [n, n]
-            mask = torch.zeros(1, 1, n, past + n, dtype=self.dtype, device=self.device)   # [1,1,n,past+n]
-            mask[0, 0, :, past:].masked_fill_(blocked, torch.finfo(self.dtype).min)
+            mask = additive_mask(blocked, past, self.dtype)                                # [1,1,n,past+n]
         out = self._forward(input_ids=ids, attention_mask=mask, position_ids=(past + depths)[None],
                             **self._tree_kwargs)
         self._pending = n
