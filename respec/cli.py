@@ -217,10 +217,13 @@ def _add_common(sp: argparse.ArgumentParser) -> None:
 
 
 def _add_selection(sp: argparse.ArgumentParser) -> None:
-    """The Spec-Bench selection and results folder of `bench` and `sweep` (see `_questions`)."""
-    sp.add_argument("--questions", required=True)
+    """The Spec-Bench subset of `bench` and `sweep` (see `_questions`)."""
     sp.add_argument("--categories", default=None)
     sp.add_argument("--limit-per-category", type=int, default=None)
+
+
+def _add_results(sp: argparse.ArgumentParser) -> None:
+    """The resumable results folder of `bench` and `sweep`."""
     sp.add_argument("--out", required=True, help="results folder; rerunning into it skips finished records")
     sp.add_argument("--fresh", action="store_true", help="start over in --out instead of resuming")
 
@@ -237,8 +240,10 @@ def _add_generate(sub) -> None:
 
 def _add_bench(sub) -> None:
     b = sub.add_parser("bench", help="Spec-Bench run over a questions JSONL")
-    _add_selection(b)
+    b.add_argument("--questions", required=True)
     b.add_argument("--methods", default="vanilla,eagle2,sam")
+    _add_selection(b)
+    _add_results(b)
     b.add_argument("--repeats", type=int, default=1,
                    help="run every question N times per method; the summary adds the spread of the per-repeat "
                         "speedups (std, min-max)")
@@ -248,11 +253,13 @@ def _add_bench(sub) -> None:
 
 def _add_sweep(sub) -> None:
     w = sub.add_parser("sweep", help="run one method over a grid of settings on a Spec-Bench subset")
-    _add_selection(w)
+    w.add_argument("--questions", required=True)
     w.add_argument("--grid", required=True, help='e.g. "theta_H=0.5,1,1.5,2,3;alpha=0.1,0.3,0.5"')
     w.add_argument("--method", default="respec")
+    _add_selection(w)
     w.add_argument("--max-nll-ratio", type=float, default=1.05, help="quality bound for relaxed methods")
     w.add_argument("--min-exact-match", type=float, default=1.0, help="quality bound for strict methods")
+    _add_results(w)
     _add_common(w)
     w.set_defaults(func=cmd_sweep)
 

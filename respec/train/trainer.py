@@ -27,8 +27,9 @@ Optimiser: AdamW (betas 0.9/0.95), `clip_grad_value_`, linear warm-up then linea
 the published format (config.json + model.safetensors) via `save_eagle_head`.
 
 Out dir (required: nothing is written into the repository by default): `checkpoint.pt` (head +
-optimizer + step + RNG, written atomically every `save_every` steps and at the end), `training_log.jsonl` (one JSON line per evaluation), `train_config.json`, and the
-final head files. `resume=True` continues from the checkpoint's step (to a possibly larger `steps`).
+optimizer + step + RNG, written atomically every `save_every` steps and at the end),
+`training_log.jsonl` (one JSON line per evaluation), `train_config.json`, and the final head files.
+`resume=True` continues from the checkpoint's step (to a possibly larger `steps`).
 """
 from __future__ import annotations
 
