@@ -33,7 +33,7 @@ def write_reports(summary: "pandas.DataFrame", records: "pandas.DataFrame", out_
     out_dir = Path(out_dir)
     atomic_write_text(out_dir / "summary.csv", summary.to_csv(index=False, float_format="%.4f"))
     atomic_write_text(out_dir / "summary.md", "Speedup over vanilla (mean accepted length, bonus included):\n\n"
-                 + speedup_matrix_markdown(summary) + "\n\nEvery metric:\n\n" + summary_table_markdown(summary) + "\n")
+                      + speedup_matrix_markdown(summary) + "\n\nEvery metric:\n\n" + summary_table_markdown(summary) + "\n")
     figs = bench_figures(summary, records)
     for name, fig in figs.items():
         atomic_write_text(out_dir / f"{name}.html", fig.to_html(include_plotlyjs=True, full_html=True))
