@@ -5,83 +5,44 @@ run turn by turn (turn 2 follows the method's own turn-1 answer). MT-bench's eig
 grouped as `mt_bench`. Per question, method and repeat (`repeats` runs of everything, repeat 0
 first; the record's `repeat` field, 0-based, absent in older files and read as 0) one record goes to
 `DIR/results.jsonl` (appended and flushed as it completes, so an interrupted run keeps every
-finished record); `DIR/summary.csv` is written at the end through a temporary file and an atomic
-rename.
+finished record); the reports (`respec.bench_report.write_reports`: summary.csv, summary.md, speedup.html,
+acceptance.html) are written at the end, each through a temporary file and an atomic rename.
+Questions are read by `respec.bench_questions`; both modules' public names are re-exported here.
 
-Metrics: per-question speed = new tokens / wall seconds; `tokens_per_s` is the mean of those;
-`speedup_vs_vanilla` is a ratio of means over every repeat (Spec-Bench's speed.py); with several
-repeats, `speedup_std` / `speedup_min` / `speedup_max` give the spread of the per-repeat speedups
-(each repeat's mean tokens/s over vanilla's in the same repeat; sample std, NaN for one repeat);
-`mean_accepted` = committed
-tokens per target forward over all steps of all questions (includes the bonus token);
-`exact_match_rate` = share of questions whose tokens equal vanilla's; `lossless_rate` = share that
-equal vanilla or first diverge where vanilla's top-1/top-2 logit gap is within the rounding
-tolerance of the model's dtype (0.5 in bf16/fp16, 1e-3 in fp32/fp64): see README "Lossless".
+Metrics per record (`compare_to_vanilla`): speed = new tokens / wall seconds; `matches_vanilla`;
+`first_divergence`; `lossless` = equal to vanilla or first diverging where vanilla's top-1/top-2
+logit gap is within the rounding tolerance of the model's dtype (0.5 in bf16/fp16, 1e-3 in
+fp32/fp64): see README "Lossless"; ROUGE-L and NLL ratio against vanilla. The per-category summary
+(speedup as a ratio of means, per-repeat spread, mean accepted length, exact-match and lossless
+rates) is `respec.bench_report.summarize`.
 """
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from respec._io import atomic_write_text
+from respec.bench_questions import CATEGORIES, MT_BENCH, Question, bench_category, load_questions
+from respec.bench_report import (SUMMARY_COLUMNS, add_hist, bench_figures, repeat_speedups, speedup_matrix_markdown,
+                                 spread_text, summarize, summary_table_markdown, write_reports)
 from respec.config import EngineConfig, is_lossless
 from respec.errors import ConfigError, RespecError
 
-MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
-CATEGORIES = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
-
-
-def bench_category(category: str) -> str:
-    return "mt_bench" if category in MT_BENCH else category
+__all__ = ["CATEGORIES", "MT_BENCH", "PEERS", "Question", "RecordSink", "SUMMARY_COLUMNS", "bench_category",
+           "bench_figures", "compare_to_vanilla", "first_divergence", "gap_tolerance", "hf_generate",
+           "load_questions", "parse_bench_methods", "repeat_speedups", "rouge_l", "run_bench", "run_peer_question",
+           "run_question", "speedup_matrix_markdown", "spread_text", "summarize", "summary_table_markdown",
+           "write_reports"]
 
 
 def gap_tolerance(dtype: str) -> float:
     """Largest vanilla top-1/top-2 logit gap at which a strict method may still diverge by rounding."""
     return 0.5 if ("bfloat16" in dtype or "float16" in dtype) else 1e-3
-
-
-@dataclass(frozen=True)
-class Question:
-    question_id: int
-    category: str          # the bench category (MT-bench subcategories -> "mt_bench")
-    turns: tuple[str, ...]
-
-
-def load_questions(path: str | Path, categories: Sequence[str] | None = None,
-                   limit_per_category: int | None = None) -> list[Question]:
-    path = Path(path)
-    if not path.is_file():
-        raise RespecError(f"questions file not found: {path}")
-    out: list[Question] = []
-    counts: dict[str, int] = {}
-    wanted = None if not categories else set(categories)
-    if wanted:
-        unknown = wanted - set(CATEGORIES) - set(MT_BENCH)
-        if unknown:
-            raise ConfigError(f"unknown categories {sorted(unknown)}; choose from {', '.join(CATEGORIES)}")
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            q = Question(int(row["question_id"]), bench_category(str(row["category"])),
-                         tuple(str(t) for t in row["turns"]))
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            raise RespecError(f"{path}:{n}: not a Spec-Bench question ({exc})") from None
-        if wanted and q.category not in wanted and row["category"] not in wanted:
-            continue
-        if limit_per_category is not None and counts.get(q.category, 0) >= limit_per_category:
-            continue
-        counts[q.category] = counts.get(q.category, 0) + 1
-        out.append(q)
-    if not out:
-        raise RespecError(f"no questions selected from {path}")
-    return out
 
 
 def first_divergence(ref: Sequence[int], out: Sequence[int]) -> int | None:
@@ -136,12 +97,6 @@ def _record(q: Question, method: str, *, new_tokens: int, wall: float, steps: in
     return rec
 
 
-def _add_hist(total: list[int], part: Sequence[int]) -> None:
-    total.extend([0] * (len(part) - len(total)))
-    for i, n in enumerate(part):
-        total[i] += n
-
-
 def run_question(runner, q: Question, config: EngineConfig, score_nll: bool = False,
                  keep_margins: bool = False) -> dict[str, Any]:
     """All turns of one question with one engine method; returns a record (generated token ids
@@ -173,7 +128,7 @@ def run_question(runner, q: Question, config: EngineConfig, score_nll: bool = Fa
             if len(chosen) >= 2:
                 multi_chosen += 1
                 branching += sum(1 for c in chosen if c.get("proposed", 0) > 0) >= 2
-        _add_hist(hist, result.stats.accept_length_hist)
+        add_hist(hist, result.stats.accept_length_hist)
         if score_nll:
             total, n = runner.target.nll(result.prompt_tokens, result.tokens)
             nll_sum, nll_n = nll_sum + total, nll_n + n
@@ -317,7 +272,7 @@ def run_bench(runner, questions: list[Question], methods: list[str], base: Engin
     identity = _run_identity(runner, base)
     done = _resume_records(out_dir, identity, fresh)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / RUN_FILE).write_text(json.dumps(identity, indent=1), encoding="utf-8")
+    atomic_write_text(out_dir / RUN_FILE, json.dumps(identity, indent=1))
     by_key = {(r["question_id"], r["method"], r.setdefault("repeat", 0)): r for r in done}
     tol = gap_tolerance(str(runner.target.dtype))
     engine = [m for m in methods if m not in PEERS]
@@ -333,7 +288,7 @@ def run_bench(runner, questions: list[Question], methods: list[str], base: Engin
                 runner.generate("Hello!", base.with_overrides({"method": m, "max_new_tokens": 8}))
     records: list[dict] = []
     # the kept records, rewritten atomically (drops a line cut by an interruption); new ones append
-    _atomic_text(out_dir / RESULTS_FILE, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in done))
+    atomic_write_text(out_dir / RESULTS_FILE, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in done))
     with (out_dir / RESULTS_FILE).open("a", encoding="utf-8") as fh, \
             tqdm(total=repeats * len(questions) * len(methods), initial=repeats * len(questions) * len(methods) - len(todo),
                  desc="bench", unit="run", disable=not progress, file=sys.stderr) as bar:
@@ -379,164 +334,3 @@ class RecordSink:
         self.bar.update(1)
         if self.on_record is not None:
             self.on_record(rec)
-
-
-def _atomic_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def write_reports(summary: "pandas.DataFrame", records: "pandas.DataFrame", out_dir: str | Path) -> None:
-    """summary.csv, summary.md (every column), speedup.html (speedup per category and method) and
-    acceptance.html (accepted-length histograms per method), each written atomically; the HTML
-    embeds plotly.js, so the charts open offline."""
-    out_dir = Path(out_dir)
-    _atomic_text(out_dir / "summary.csv", summary.to_csv(index=False, float_format="%.4f"))
-    _atomic_text(out_dir / "summary.md", "Speedup over vanilla (mean accepted length, bonus included):\n\n"
-                 + speedup_matrix_markdown(summary) + "\n\nEvery metric:\n\n" + summary_table_markdown(summary) + "\n")
-    figs = bench_figures(summary, records)
-    for name, fig in figs.items():
-        _atomic_text(out_dir / f"{name}.html", fig.to_html(include_plotlyjs=True, full_html=True))
-
-
-def bench_figures(summary: "pandas.DataFrame", records: "pandas.DataFrame") -> dict:
-    """Plotly figures: grouped bars of speedup per category and method; accepted-length histograms
-    (share of steps that accepted k draft tokens, per engine method)."""
-    import plotly.graph_objects as go
-
-    speed = go.Figure()
-    for method in dict.fromkeys(summary.method):
-        part = summary[summary.method == method]
-        speed.add_bar(name=method, x=list(part.category), y=list(part.speedup_vs_vanilla),
-                      text=[f"{v:.2f}x" for v in part.speedup_vs_vanilla], textposition="outside")
-    speed.update_layout(title="Speedup over vanilla (ratio of mean tokens/s)", barmode="group",
-                        yaxis_title="speedup", xaxis_title="category", template="plotly_white")
-    speed.add_hline(y=1.0, line_dash="dot", line_color="gray")
-    if "speedup_min" in summary and (summary.get("repeats", 1) > 1).any():
-        for trace, method in zip(speed.data, dict.fromkeys(summary.method)):
-            part = summary[summary.method == method]
-            trace.error_y = dict(type="data", symmetric=False,
-                                 array=list((part.speedup_max - part.speedup_vs_vanilla).fillna(0)),
-                                 arrayminus=list((part.speedup_vs_vanilla - part.speedup_min).fillna(0)))
-        speed.update_layout(title="Speedup over vanilla (ratio of mean tokens/s; bars span the per-repeat min-max)")
-    acc = go.Figure()
-    if "accept_hist" in records:
-        for method, g in records.groupby("method", sort=False):
-            total: list[int] = []
-            for h in g.accept_hist:
-                _add_hist(total, h or [])
-            if not total or method == "vanilla":
-                continue
-            n = sum(total)
-            acc.add_bar(name=method, x=list(range(len(total))), y=[c / n for c in total])
-    acc.update_layout(title="Accepted draft tokens per step (share of steps; the bonus token not counted)",
-                      barmode="group", xaxis_title="accepted draft tokens", yaxis_title="share of steps",
-                      template="plotly_white")
-    return {"speedup": speed, "acceptance": acc}
-
-
-def repeat_speedups(g: "pandas.DataFrame", vanilla: "pandas.DataFrame") -> list[float]:
-    """Per repeat present in both: mean tokens/s of `g`'s records over vanilla's of that repeat."""
-    van = vanilla.groupby("repeat").tokens_per_s.mean()
-    per = g.groupby("repeat").tokens_per_s.mean()
-    return [float(per[k] / van[k]) for k in per.index if k in van.index and van[k] > 0]
-
-
-def summarize(df: "pandas.DataFrame") -> "pandas.DataFrame":
-    """Per-category and overall rows per method (Spec-Bench speed.py conventions). `questions`
-    counts distinct questions; `repeats` the repeats seen; `speedup_std` (sample std, NaN for one
-    repeat), `speedup_min`, `speedup_max` spread the per-repeat speedups (`repeat_speedups`)."""
-    import pandas as pd
-
-    df = df.assign(repeat=df["repeat"].fillna(0).astype(int) if "repeat" in df else 0)
-    rows = []
-    vanilla_speed: dict[str, float] = {}
-    groups = [(c, df[df.category == c]) for c in [c for c in CATEGORIES if c in set(df.category)]]
-    groups.append(("overall", df))
-    for cat, part in groups:
-        vanilla = part[part.method == "vanilla"]
-        for method, g in part.groupby("method", sort=False):
-            speed = float(g.tokens_per_s.mean())
-            if method == "vanilla":
-                vanilla_speed[cat] = speed
-            per = repeat_speedups(g, vanilla)
-            spread = {"repeats": int(g.repeat.nunique()),
-                      "speedup_std": float(pd.Series(per).std(ddof=1)) if len(per) > 1 else float("nan"),
-                      "speedup_min": min(per) if per else float("nan"),
-                      "speedup_max": max(per) if per else float("nan")}
-            rows.append({"category": cat, "method": method, "questions": int(g.question_id.nunique()),
-                         "tokens_per_s": speed,
-                         "mean_accepted": float(g.committed.sum() / g.steps.sum()) if g.steps.sum() else 1.0,
-                         "exact_match_rate": float(g.matches_vanilla.mean()),
-                         "lossless_rate": float(g.lossless.mean()),
-                         "rouge_l_vs_vanilla": float(g.rouge_l_vs_vanilla.mean()),
-                         "nll_ratio": float(g.nll_ratio.dropna().mean()) if g.nll_ratio.notna().any() else float("nan"),
-                         "retrieval_step_share": float(g.retrieval_steps.sum() / g.steps.sum()) if g.steps.sum() else 0.0,
-                         "trigger_rate": float(g.trigger_fired.sum() / g.steps.sum()) if g.steps.sum() else 0.0,
-                         "relaxed_per_token": float(g.relaxed_tokens.sum() / g.new_tokens.sum()) if g.new_tokens.sum() else 0.0,
-                         "trie_branching": _branching(g),
-                         **spread})
-    out = pd.DataFrame(rows)
-    out.insert(4, "speedup_vs_vanilla", [r["tokens_per_s"] / vanilla_speed[r["category"]]
-                                         if vanilla_speed.get(r["category"]) else float("nan") for r in rows])
-    return out
-
-
-def _branching(g) -> float:
-    """Among retrieval steps that chose >= 2 candidates, the share with >= 2 of them in the verified
-    trie (NaN when no step chose two; records written before the column existed count as none)."""
-    if "multi_chosen_steps" not in g:
-        return float("nan")
-    n = g.multi_chosen_steps.fillna(0).sum()
-    return float(g.branching_steps.fillna(0).sum() / n) if n else float("nan")
-
-
-SUMMARY_COLUMNS = {"questions": "{:.0f}", "tokens_per_s": "{:.1f}", "speedup_vs_vanilla": "{:.2f}x",
-                   "mean_accepted": "{:.2f}", "exact_match_rate": "{:.2f}", "lossless_rate": "{:.2f}",
-                   "rouge_l_vs_vanilla": "{:.2f}", "nll_ratio": "{:.3f}", "retrieval_step_share": "{:.2f}",
-                   "trigger_rate": "{:.2f}", "relaxed_per_token": "{:.3f}", "trie_branching": "{:.2f}"}
-
-
-def _repeated(summary: "pandas.DataFrame") -> bool:
-    return "repeats" in summary and bool((summary.repeats > 1).any())
-
-
-def spread_text(row) -> str:
-    """"±std [min–max]" of a summary row's per-repeat speedups ("" for one repeat)."""
-    if row.get("repeats", 1) <= 1 or row.get("speedup_min") != row.get("speedup_min"):
-        return ""
-    std = row["speedup_std"]
-    return (f"±{std:.2f} " if std == std else "") + f"[{row['speedup_min']:.2f}–{row['speedup_max']:.2f}]"
-
-
-def speedup_matrix_markdown(summary: "pandas.DataFrame") -> str:
-    """Categories x methods: speedup over vanilla with the mean accepted length in brackets (and,
-    with several repeats, the per-repeat spread: ±std [min–max])."""
-    repeated = _repeated(summary)
-    methods = list(dict.fromkeys(summary.method))
-    lines = ["| category | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
-    for cat in dict.fromkeys(summary.category):
-        cells = []
-        for m in methods:
-            r = summary[(summary.category == cat) & (summary.method == m)]
-            spread = "" if r.empty or not repeated else " " + spread_text(r.iloc[0])
-            cells.append("" if r.empty else f"{r.iloc[0].speedup_vs_vanilla:.2f}x{spread.rstrip()} "
-                                            f"({r.iloc[0].mean_accepted:.2f})")
-        lines.append(f"| {cat} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def summary_table_markdown(summary: "pandas.DataFrame") -> str:
-    """Every summary column, one row per (category, method); with several repeats, also `repeats`
-    and `speedup_spread` (±std [min–max] of the per-repeat speedups)."""
-    cols = list(SUMMARY_COLUMNS)
-    repeated = _repeated(summary)
-    extra = ["repeats", "speedup_spread"] if repeated else []
-    lines = ["| category | method | " + " | ".join(cols + extra) + " |", "|---|---|" + "---|" * len(cols + extra)]
-    for _, r in summary.iterrows():
-        cells = [r.category, r.method] + ["" if r[c] != r[c] else SUMMARY_COLUMNS[c].format(r[c]) for c in cols]
-        if repeated:
-            cells += [f"{r.repeats:.0f}", spread_text(r)]
-        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
-    return "\n".join(lines)

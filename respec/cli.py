@@ -8,7 +8,6 @@ summaries are written to a temporary file and renamed).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -50,13 +49,6 @@ def _preset_label(args) -> str:
     return "device defaults" if preset == DEVICE_PRESET else f"preset {preset}"
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def _runner(args):
     """The Runner for --model (MODEL or MODEL=HEAD) and --head (a directory or a Hub id; it wins over a
     head given in --model). The head is resolved first, so a bad or unreachable one fails before the
@@ -73,6 +65,7 @@ def _runner(args):
 
 
 def cmd_generate(args) -> int:
+    from respec._io import atomic_write_text
     from respec.runner import parse_methods
     from respec.trace import result_to_json
 
@@ -91,7 +84,8 @@ def cmd_generate(args) -> int:
           f"{st.steps} steps; mean accepted length {st.mean_accepted_length:.2f} (bonus included); "
           f"steps by source {st.steps_by_source}; EAGLE head: {runner.head_info}", file=sys.stderr)
     if args.trace:
-        _atomic_write(Path(args.trace), result_to_json(result))
+        Path(args.trace).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(args.trace, result_to_json(result))
         print(f"trace written to {args.trace}", file=sys.stderr)
     return 0
 
@@ -177,7 +171,7 @@ def cmd_replay(args) -> int:
 def cmd_train_eagle(args) -> int:
     from respec.models import load_target
     from respec.train.pipeline import PipelineConfig, run_pipeline
-    from respec.train.trainer import TrainConfig
+    from respec.train.trainer import TrainConfig, check_out_dir
 
     tc = TrainConfig(steps=args.steps, batch_size=args.batch_size, max_len=args.max_len, lr=args.lr,
                      warmup=args.warmup, grad_clip=args.grad_clip, noise=args.noise,
@@ -194,12 +188,7 @@ def cmd_train_eagle(args) -> int:
                         text_window=args.text_window, data_dir=args.data_dir,
                         generate_only=args.generate_only).validate()
     out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise RespecError(f"--out {out} exists and is not a directory")
-    if args.resume and not (out / "checkpoint.pt").is_file() and not args.generate_only:
-        raise RespecError(f"cannot resume: no checkpoint.pt in {out}")
-    if not args.resume and (out / "checkpoint.pt").is_file() and not args.generate_only:
-        raise RespecError(f"{out} already holds a training checkpoint; pass --resume or choose another --out")
+    check_out_dir(out, args.resume, checkpoint=not args.generate_only)   # before the model loads
     target = load_target(args.target, device=args.device, dtype=args.dtype)
     last = run_pipeline(target, out, pc, tc, resume=args.resume, progress=not args.quiet)
     if not args.generate_only:
@@ -209,70 +198,94 @@ def cmd_train_eagle(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m respec", description="ReSpec Explorer engine")
-    sub = p.add_subparsers(dest="command", required=True)
+def _add_common(sp: argparse.ArgumentParser) -> None:
+    """Model, device and settings flags shared by `generate`, `bench` and `sweep`."""
+    sp.add_argument("--model", default="default",
+                    help='"default" | HF id | local dir | .gguf path, optionally =HEAD (a model-head pair)')
+    sp.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    sp.add_argument("--dtype", default="auto", help="auto | bfloat16 | float16 | float32")
+    sp.add_argument("--head", default=None,
+                    help="EAGLE-1/2 head: a checkpoint directory or a Hugging Face Hub id (fetched where the "
+                         "Hub is reachable)")
+    sp.add_argument("--max-new-tokens", type=int, default=128)
+    sp.add_argument("--set", action="append", metavar="KEY=VALUE",
+                    help="override a setting, e.g. tree.total_tokens=12 (repeatable)")
+    sp.add_argument("--preset", default=None, metavar="NAME",
+                    help="start from a named preset instead of this device's defaults: 'paper' (the "
+                         "paper's thresholds, EAGLE-2's fixed 60/5/10 tree, tree.auto off) or 'device' "
+                         "(the default); --set still wins")
 
-    def common(sp, method_flag: bool):
-        sp.add_argument("--model", default="default",
-                        help='"default" | HF id | local dir | .gguf path, optionally =HEAD (a model-head pair)')
-        sp.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-        sp.add_argument("--dtype", default="auto", help="auto | bfloat16 | float16 | float32")
-        sp.add_argument("--head", default=None,
-                        help="EAGLE-1/2 head: a checkpoint directory or a Hugging Face Hub id (fetched where the "
-                             "Hub is reachable)")
-        sp.add_argument("--max-new-tokens", type=int, default=128)
-        sp.add_argument("--set", action="append", metavar="KEY=VALUE",
-                        help="override a setting, e.g. tree.total_tokens=12 (repeatable)")
-        sp.add_argument("--preset", default=None, metavar="NAME",
-                        help="start from a named preset instead of this device's defaults: 'paper' (the "
-                             "paper's thresholds, EAGLE-2's fixed 60/5/10 tree, tree.auto off) or 'device' "
-                             "(the default); --set still wins")
 
+def _add_selection(sp: argparse.ArgumentParser) -> None:
+    """The Spec-Bench subset of `bench` and `sweep` (see `_questions`)."""
+    sp.add_argument("--categories", default=None)
+    sp.add_argument("--limit-per-category", type=int, default=None)
+
+
+def _add_results(sp: argparse.ArgumentParser) -> None:
+    """The resumable results folder of `bench` and `sweep`."""
+    sp.add_argument("--out", required=True, help="results folder; rerunning into it skips finished records")
+    sp.add_argument("--fresh", action="store_true", help="start over in --out instead of resuming")
+
+
+def _add_generate(sub) -> None:
     g = sub.add_parser("generate", help="generate from one prompt")
     g.add_argument("--prompt", required=True)
     g.add_argument("--method", default="eagle2")
     g.add_argument("--trace", help="write the versioned JSON trace here")
     g.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
-    common(g, True)
+    _add_common(g)
     g.set_defaults(func=cmd_generate)
 
+
+def _add_bench(sub) -> None:
     b = sub.add_parser("bench", help="Spec-Bench run over a questions JSONL")
     b.add_argument("--questions", required=True)
     b.add_argument("--methods", default="vanilla,eagle2,sam")
-    b.add_argument("--categories", default=None)
-    b.add_argument("--limit-per-category", type=int, default=None)
-    b.add_argument("--out", required=True, help="results folder; rerunning into it skips finished records")
-    b.add_argument("--fresh", action="store_true", help="start over in --out instead of resuming")
+    _add_selection(b)
+    _add_results(b)
     b.add_argument("--repeats", type=int, default=1,
                    help="run every question N times per method; the summary adds the spread of the per-repeat "
                         "speedups (std, min-max)")
-    common(b, False)
+    _add_common(b)
     b.set_defaults(func=cmd_bench)
 
+
+def _add_sweep(sub) -> None:
     w = sub.add_parser("sweep", help="run one method over a grid of settings on a Spec-Bench subset")
     w.add_argument("--questions", required=True)
     w.add_argument("--grid", required=True, help='e.g. "theta_H=0.5,1,1.5,2,3;alpha=0.1,0.3,0.5"')
     w.add_argument("--method", default="respec")
-    w.add_argument("--categories", default=None)
-    w.add_argument("--limit-per-category", type=int, default=None)
+    _add_selection(w)
     w.add_argument("--max-nll-ratio", type=float, default=1.05, help="quality bound for relaxed methods")
     w.add_argument("--min-exact-match", type=float, default=1.0, help="quality bound for strict methods")
-    w.add_argument("--out", required=True, help="results folder; rerunning into it skips finished records")
-    w.add_argument("--fresh", action="store_true", help="start over in --out instead of resuming")
-    common(w, False)
+    _add_results(w)
+    _add_common(w)
     w.set_defaults(func=cmd_sweep)
 
+
+def _add_replay(sub) -> None:
     r = sub.add_parser("replay", help="validate and print a trace file")
     r.add_argument("trace")
     r.set_defaults(func=cmd_replay)
 
+
+def _add_train_eagle(sub) -> None:
+    """`train-eagle`: target and output flags, then the training settings and the data pipeline's."""
     t = sub.add_parser("train-eagle", help="train an EAGLE-2 draft head for a target (resumable)")
     t.add_argument("--target", default="default", help='"default" | HF id | local dir | .gguf path')
     t.add_argument("--out", required=True, help="output directory: checkpoint, log, and the head")
     t.add_argument("--device", default="auto")
     t.add_argument("--dtype", default="auto")
     t.add_argument("--resume", action="store_true", help="continue the checkpoint in --out")
+    _add_train_settings(t)
+    _add_train_data(t)
+    t.add_argument("--quiet", action="store_true", help="no progress bars")
+    t.set_defaults(func=cmd_train_eagle)
+
+
+def _add_train_settings(t: argparse.ArgumentParser) -> None:
+    """train-eagle's optimiser, speed and initialisation flags (respec.train.trainer.TrainConfig)."""
     t.add_argument("--steps", type=int, default=2000, help="total optimizer steps (resume may raise it)")
     t.add_argument("--batch-size", type=int, default=4)
     t.add_argument("--max-len", type=int, default=512, help="tokens per training sequence (longer are cut)")
@@ -303,6 +316,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--init-from", default=None, metavar="DIR",
                    help="start from a saved head (config.json + weights, e.g. assets/eagle/...): fine-tune it "
                         "on new data; its draft vocabulary is recomputed from the data when --draft-vocab is set")
+
+
+def _add_train_data(t: argparse.ArgumentParser) -> None:
+    """train-eagle's data flags: prompts, generation, offline text, the response store (PipelineConfig)."""
     t.add_argument("--exclude-questions", action="append", metavar="F",
                    help="a benchmark questions JSONL whose questions must never enter the data (repeatable; the "
                         "committed Spec-Bench dev fingerprints and ../shared/spec_bench/question_dev.jsonl, when "
@@ -325,8 +342,17 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--text-window", type=int, default=None,
                    help="tokens per teacher-forced text window (default and maximum: --max-len)")
     t.add_argument("--data-dir", default=None, help="response store (default data/eagle/<target>/)")
-    t.add_argument("--quiet", action="store_true", help="no progress bars")
-    t.set_defaults(func=cmd_train_eagle)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """`python -m respec` with its sub-commands, one builder each."""
+    p = argparse.ArgumentParser(prog="python -m respec", description="ReSpec Explorer engine")
+    sub = p.add_subparsers(dest="command", required=True)
+    _add_generate(sub)
+    _add_bench(sub)
+    _add_sweep(sub)
+    _add_replay(sub)
+    _add_train_eagle(sub)
     return p
 
 

@@ -23,10 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from respec.bench import (RUN_FILE, Question, RecordSink, _atomic_text, _resume_records, _run_identity, compare_to_vanilla,
-                          gap_tolerance, run_question, summarize)
+from respec._io import atomic_write_text
+from respec.bench import (RUN_FILE, Question, RecordSink, _resume_records, _run_identity, compare_to_vanilla,
+                          gap_tolerance, run_question)
+from respec.bench_report import summarize
 from respec.config import ALIASES, EngineConfig, is_lossless
-from respec.errors import ConfigError, RespecError
+from respec.errors import ConfigError
 
 MAX_POINTS = 100
 RESULTS_FILE = "sweep_results.jsonl"
@@ -185,7 +187,7 @@ def run_sweep(runner, questions: list[Question], method: str, base: EngineConfig
     identity = {**_run_identity(runner, base), "method": method, "grid": [list(grid.keys), [list(v) for v in grid.values]]}
     done = [r for r in _resume_records(out_dir, identity, fresh, RESULTS_FILE) if "point" in r]
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / RUN_FILE).write_text(json.dumps(identity, indent=1, default=str), encoding="utf-8")
+    atomic_write_text(out_dir / RUN_FILE, json.dumps(identity, indent=1, default=str))
     by_key = {(r["point"], r["question_id"]): r for r in done}
     tol = gap_tolerance(str(runner.target.dtype))
     quality = quality_metric(method, base)
@@ -194,7 +196,7 @@ def run_sweep(runner, questions: list[Question], method: str, base: EngineConfig
     jobs = [("vanilla", None)] + [(point_id(p), p) for p in points]
     total = len(jobs) * len(questions)
     records: list[dict] = []
-    _atomic_text(out_dir / RESULTS_FILE, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in done))
+    atomic_write_text(out_dir / RESULTS_FILE, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in done))
     with (out_dir / RESULTS_FILE).open("a", encoding="utf-8") as fh, \
             tqdm(total=total, initial=len(by_key), desc=f"sweep {method}", unit="run", disable=not progress,
                  file=sys.stderr) as bar:
@@ -216,9 +218,9 @@ def run_sweep(runner, questions: list[Question], method: str, base: EngineConfig
                     sink.add(rec)
                 records.append(rec)
     rows = sweep_rows(pd.DataFrame(records), grid, quality)
-    _atomic_text(out_dir / "sweep.csv", pd.DataFrame(rows).to_csv(index=False, float_format="%.4f"))
+    atomic_write_text(out_dir / "sweep.csv", pd.DataFrame(rows).to_csv(index=False, float_format="%.4f"))
     fig = heatmap_figure(rows, grid, quality, method)
-    _atomic_text(out_dir / "heatmap.html", fig.to_html(include_plotlyjs=True, full_html=True))
+    atomic_write_text(out_dir / "heatmap.html", fig.to_html(include_plotlyjs=True, full_html=True))
     return rows
 
 

@@ -15,9 +15,9 @@ from respec.train.data import (Example, Prompt, ResponseStore, generate_response
                                offline_texts, passage_prompts, text_examples)
 from respec.train.pipeline import PipelineConfig, collect_prompts
 from respec.train.prompts import CATEGORIES, builtin_prompts
-from respec.train.trainer import (FeatureCache, TrainConfig, _epoch_order, collate, frequent_next_tokens,
-                                  head_forward, head_unroll, make_head, target_features, train_eagle,
-                                  ttt_mask)
+from respec.train.features import FeatureCache, collate, frequent_next_tokens, target_features
+from respec.train.head import head_forward, head_unroll, make_head, ttt_mask
+from respec.train.trainer import TrainConfig, _epoch_order, train_eagle
 from tests.conftest import make_target, run
 
 
@@ -198,14 +198,14 @@ def test_feature_cache_equals_recomputed_features(llama_data):
 def test_feature_store_on_disk_is_reused_and_extended(llama_data, tmp_path, monkeypatch):
     """A second cache over the same store computes only the examples the file lacks, and gives the
     same features; an example whose ids changed is recomputed, not served stale."""
-    import respec.train.trainer as trainer
+    import respec.train.features as features
     target, store = llama_data
     ex = store.examples()[:8]
     path = tmp_path / "features.safetensors"
     first = FeatureCache(target, ex[:5], max_len=20, batch_tokens=64, progress=False, store=path)
     calls = []
-    real = trainer.target_features
-    monkeypatch.setattr(trainer, "target_features", lambda t, ids: calls.append(ids.shape[0]) or real(t, ids))
+    real = features.target_features
+    monkeypatch.setattr(features, "target_features", lambda t, ids: calls.append(ids.shape[0]) or real(t, ids))
     changed = dataclasses.replace(ex[0], ids=ex[0].ids[:-1] + ((ex[0].ids[-1] + 1) % 50,))
     second = FeatureCache(target, [changed] + ex[1:], max_len=20, batch_tokens=64, progress=False, store=path)
     assert sum(calls) == 4, "Only the 3 new examples and the changed one are computed."

@@ -127,3 +127,58 @@ def test_text_prompts_keys_do_not_depend_on_order():
     a = text_prompts([("c", "one"), ("c", "two")], "s")
     b = text_prompts([("c", "two"), ("c", "one")], "s")
     assert {p.key for p in a} == {p.key for p in b}
+
+
+class _CharTokenizer:
+    """Token id = code point; counts decodes so a test sees which shards were checked."""
+    def __init__(self, extra: str = ""):
+        self.decoded = 0
+        self.extra = extra
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    def decode(self, ids) -> str:
+        self.decoded += 1
+        return "".join(chr(i) for i in ids)
+
+    def get_vocab(self) -> dict[str, int]:
+        return {chr(i): i for i in range(256)} | ({self.extra: 999} if self.extra else {})
+
+
+def test_store_check_skips_shards_found_clean_and_refuses_a_new_or_changed_one(tmp_path):
+    from respec.train.store_check import check_store
+    guard = BenchmarkGuard.from_texts(QUESTIONS)
+    tok = _CharTokenizer()
+    store = ResponseStore(tmp_path / "store")
+    verdicts = tmp_path / "cache" / "clean-shards.json"
+
+    def rec(key: str, text: str) -> dict:
+        return {"key": key, "source": "test", "prompt_ids": tok.encode(text), "response_ids": [1]}
+
+    first = store.append([rec("a", "Write a short poem about the sea."), rec("b", "Explain recursion simply.")])
+    check_store(guard, store, tok, verdicts=verdicts)
+    assert tok.decoded == 2 and verdicts.is_file()
+    check_store(guard, store, tok, verdicts=verdicts)
+    assert tok.decoded == 2, "An unchanged shard found clean is not decoded again."
+
+    bad = store.append([rec("c", "Please: " + QUESTIONS[0])])
+    for _ in range(2):
+        with pytest.raises(RespecError, match="1 of the stored responses .* overlap Spec-Bench"):
+            check_store(guard, store, tok, verdicts=verdicts)
+    assert tok.decoded == 4, "Only the new shard is decoded, and a refused shard is never remembered."
+    bad.unlink()
+
+    first.write_text(first.read_text() + json.dumps(rec("d", QUESTIONS[1])) + "\n")
+    with pytest.raises(RespecError, match="overlap Spec-Bench"):
+        check_store(guard, store, tok, verdicts=verdicts)
+
+    first.write_text(json.dumps(rec("e", "Describe a calm morning at the harbour.")) + "\n")
+    check_store(guard, store, tok, verdicts=verdicts)
+    decoded = tok.decoded
+    grown = BenchmarkGuard.from_texts(QUESTIONS + ["Describe a calm morning at the harbour."])
+    with pytest.raises(RespecError, match="overlap Spec-Bench"):
+        check_store(grown, store, tok, verdicts=verdicts)
+    other = _CharTokenizer(extra="<x>")
+    check_store(guard, store, other, verdicts=verdicts)
+    assert tok.decoded == decoded + 1 and other.decoded == 1, "Another guard or tokenizer checks again."

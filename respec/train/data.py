@@ -30,6 +30,7 @@ from typing import Iterable, Iterator, Sequence
 
 import torch
 
+from respec._io import atomic_write_text
 from respec.errors import ConfigError, RespecError
 
 
@@ -122,13 +123,17 @@ class ResponseStore:
         return sorted(self.dir.glob("responses-*.jsonl")) if self.dir.is_dir() else []
 
     def records(self) -> list[dict]:
+        return [r for f in self.chunk_files() for r in self.parse(f.read_text(encoding="utf-8"))]
+
+    @staticmethod
+    def parse(text: str) -> list[dict]:
+        """The records of one chunk file's text."""
         out = []
-        for f in self.chunk_files():
-            for line in f.read_text(encoding="utf-8").splitlines():
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue            # a damaged line loses one record, never the run
+        for line in text.splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue                # a damaged line loses one record, never the run
         return out
 
     def keys(self) -> set[str]:
@@ -139,9 +144,7 @@ class ResponseStore:
         files = self.chunk_files()
         n = int(files[-1].stem.split("-")[-1]) + 1 if files else 0
         path = self.dir / f"responses-{n:05d}.jsonl"
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records), encoding="utf-8")
-        os.replace(tmp, path)
+        atomic_write_text(path, "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records))
         return path
 
     def examples(self) -> list[Example]:

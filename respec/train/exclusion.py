@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from respec._io import atomic_write_text
 from respec.errors import RespecError
 
 NGRAM = 12
@@ -95,6 +96,14 @@ class BenchmarkGuard:
                 acc.setdefault(k, set()).update(v)
         return cls({k: frozenset(v) for k, v in acc.items()})
 
+    def lines(self) -> list[str]:
+        """Every fingerprint as "LENGTH:HASH", sorted: the fingerprint file's format."""
+        return sorted(f"{k}:{h}" for k, v in self.by_length.items() for h in v)
+
+    def digest(self) -> str:
+        """sha256 of every fingerprint: equal digests, equal guards (verdicts cached under it stay valid)."""
+        return hashlib.sha256("\n".join(self.lines()).encode("utf-8")).hexdigest()
+
     def __len__(self) -> int:
         return sum(len(v) for v in self.by_length.values())
 
@@ -116,8 +125,8 @@ class BenchmarkGuard:
 
 def write_fingerprints(question_files: Sequence[str | Path], out: Path = FINGERPRINT_FILE) -> int:
     guard = BenchmarkGuard.from_texts(t for f in question_files for t in question_texts(f))
-    lines = sorted(f"{k}:{h}" for k, v in guard.by_length.items() for h in v)
-    out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    lines = guard.lines()
+    atomic_write_text(out, "\n".join(lines) + "\n")
     return len(lines)
 
 

@@ -7,7 +7,11 @@ of every run for that target accumulate there; rerunning generates only what is 
 No benchmark question enters the data: every prompt (and, before training, every stored record's
 decoded prompt) is checked against the committed Spec-Bench fingerprints plus every questions file
 named by `exclude_questions` (the dev split at its default path is added when present), and the run
-stops with RespecError on any overlap (`respec/train/exclusion.py`).
+stops with RespecError on any overlap (`respec/train/exclusion.py`). Shards of the store already
+found clean under the same guard and tokenizer are not decoded again (`respec/train/store_check.py`).
+
+Nothing else defaults into the repository: the head, checkpoint and log go to the required --out,
+and cached features stay in memory unless --feature-store names a file.
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from respec.train.data import (Prompt, ResponseStore, generate_responses, load_p
 from respec.train.exclusion import BenchmarkGuard
 from respec.train.prompts import builtin_prompts
 from respec.train.self_instruct import derived_prompts, seed_prompts
+from respec.train.store_check import check_store
 from respec.train.trainer import TrainConfig, train_eagle
 
 
@@ -102,12 +107,6 @@ def benchmark_guard(pc: PipelineConfig) -> BenchmarkGuard:
 
 def check_prompts(guard: BenchmarkGuard, prompts: list[Prompt], tokenizer) -> None:
     guard.check_prompts((p.key, p.text if p.text is not None else tokenizer.decode(list(p.ids))) for p in prompts)
-
-
-def check_store(guard: BenchmarkGuard, store: ResponseStore, tokenizer) -> None:
-    """Refuse to train on stored responses whose prompt overlaps a benchmark question."""
-    guard.check_prompts(((f"{r['key']} ({r.get('source', '?')})", tokenizer.decode(r["prompt_ids"]))
-                         for r in store.records()), what=f"stored responses in {store.dir}")
 
 
 # per material kind: a short cap keeps batches of short answers from waiting on long ones

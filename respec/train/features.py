@@ -1,0 +1,125 @@
+"""What a batch of training examples becomes: token ids and loss mask, target features, draft vocabulary.
+
+Contract:
+- `collate(examples, max_len)`: ids [B, T] right-padded and the loss mask [B, T-1] over predicted
+  features (entry t covers f̂_{t+1}: a real position with t+1 >= the example's start).
+- `target_features(target, ids)`: the frozen target's final-norm hidden states [B, T, H].
+- `FeatureCache`: those features computed once per example (the target is frozen, so they never
+  change), kept on the CPU in the target's dtype: tokens x hidden x 2 bytes (about 0.5 GB for 450k
+  tokens of a 576-wide model); optionally read from and written back (atomically) to a
+  safetensors store keyed by example key and token ids, so a later run computes only what is new.
+- `frequent_next_tokens(examples, n, max_len)`: the reduced cross-entropy and draft vocabulary.
+Nothing is computed or read at import.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from respec._io import atomic_path
+from respec.train.data import Example
+
+
+def collate(examples: Sequence[Example], max_len: int, pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids [B, T] right-padded, and the loss mask over predicted features [B, T-1] (entry t covers
+    f̂_{t+1}: real, and t+1 >= start)."""
+    seqs = [list(e.ids[:max_len]) for e in examples]
+    T = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), T), pad, dtype=torch.long)
+    mask = torch.zeros((len(seqs), T - 1), dtype=torch.bool)
+    for i, (s, e) in enumerate(zip(seqs, examples)):
+        ids[i, :len(s)] = torch.tensor(s)
+        lo = max(e.start, 1)
+        if lo < len(s):
+            mask[i, lo - 1:len(s) - 1] = True
+    return ids, mask
+
+
+@torch.inference_mode()
+def target_features(target, ids: torch.Tensor) -> torch.Tensor:
+    """Final-norm hidden states [B, T, H] of a right-padded batch (padding only follows real tokens,
+    so the causal mask alone keeps real positions exact)."""
+    return target._base(input_ids=ids.to(target.device), use_cache=False).last_hidden_state
+
+
+class FeatureCache:
+    """Target features of each example, computed once: key -> [min(len, max_len), H] in the target's
+    dtype on the CPU. Examples are batched by similar length so little padding is computed."""
+
+    def __init__(self, target, examples: Sequence[Example], max_len: int, batch_tokens: int = 4096,
+                 progress: bool = True, store: Path | None = None) -> None:
+        """With `store` (a safetensors file), features found there for the same example (its key
+        and token ids) and at least the needed length are reused, and the file is rewritten with
+        every example's features after computing the rest: a later run skips the target forwards."""
+        from tqdm.auto import tqdm
+        self.feats: dict[str, torch.Tensor] = {}
+        wanted = {e.key: e for e in examples}
+        saved = self._load(store, wanted, max_len) if store is not None and Path(store).is_file() else {}
+        self.feats.update(saved)
+        todo = sorted((e for k, e in wanted.items() if k not in saved), key=lambda e: len(e.ids))
+        bar = tqdm(total=sum(min(len(e.ids), max_len) for e in todo), desc="target features", unit="tok",
+                   disable=not progress)
+        i = 0
+        while i < len(todo):
+            j = i + 1
+            while j < len(todo) and min(len(todo[j].ids), max_len) * (j - i + 1) <= batch_tokens:
+                j += 1
+            group = todo[i:j]
+            ids, _ = collate(group, max_len)
+            f = target_features(target, ids).cpu()
+            for k, e in enumerate(group):
+                n = min(len(e.ids), max_len)
+                self.feats[e.key] = f[k, :n].clone()
+                bar.update(n)
+            i = j
+        bar.close()
+        if store is not None and todo:
+            self._save(Path(store), wanted)
+
+    @staticmethod
+    def _name(e: Example) -> str:
+        ids = hashlib.sha1(",".join(map(str, e.ids)).encode()).hexdigest()[:16]
+        return f"{e.key}|{ids}"
+
+    def _load(self, store: Path, wanted: dict[str, Example], max_len: int) -> dict[str, torch.Tensor]:
+        from safetensors import safe_open
+        out = {}
+        with safe_open(str(store), framework="pt") as f:
+            names = set(f.keys())
+            for k, e in wanted.items():
+                name = self._name(e)
+                if name in names:
+                    t = f.get_tensor(name)
+                    if t.shape[0] >= min(len(e.ids), max_len):
+                        out[k] = t[:min(len(e.ids), max_len)].clone()
+        return out
+
+    def _save(self, store: Path, wanted: dict[str, Example]) -> None:
+        from safetensors.torch import save_file
+        store.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(store) as tmp:
+            save_file({self._name(e): self.feats[k].contiguous() for k, e in wanted.items()}, str(tmp))
+
+    def batch(self, examples: Sequence[Example], T: int) -> torch.Tensor:
+        """[B, T, H] right-padded with zeros (padding is never covered by the loss mask)."""
+        first = self.feats[examples[0].key]
+        out = torch.zeros((len(examples), T, first.shape[-1]), dtype=first.dtype)
+        for b, e in enumerate(examples):
+            f = self.feats[e.key]
+            out[b, :f.shape[0]] = f
+        return out
+
+
+def frequent_next_tokens(examples: Sequence[Example], n: int, max_len: int) -> torch.Tensor:
+    """The `n` ids that most often are a covered next token (positions >= max(start, 1), within
+    max_len) in `examples` (ties broken by the smaller id), returned in ascending id order: the
+    reduced cross-entropy and draft vocabulary."""
+    from collections import Counter
+    counts: Counter = Counter()
+    for e in examples:
+        counts.update(e.ids[max(e.start, 1):max_len])
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+    return torch.tensor(sorted(i for i, _ in ranked), dtype=torch.long)

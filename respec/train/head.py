@@ -1,0 +1,143 @@
+"""The trainable EAGLE head: construction, initialisation and its batched training forward.
+
+Contract:
+- `make_head(target, seed=, init_from_last_layer=)`: a fresh head shaped for `target`, in the
+  training dtype (`train_dtype`: float32, float64 for float64 targets); the caller's RNG untouched.
+- `initial_head(target, cfg, state, log)`: that head with its starting weights: a checkpoint's
+  (`state`, when resuming), a saved head's (`cfg.init_from`), or fresh.
+- The training forward (`head_unroll`, depth 0 = `head_forward`) calls the head's own modules (`fc`,
+  `layers[0]`, `rotary`) on [B, T] batches with right padding and the causal mask; padded positions
+  never precede real ones, so no padding mask is needed, and a test checks it equals
+  `EagleHead.forward` on each sequence. Depths >= 1 are training-time test (EAGLE-3's unrolled
+  training), masked by `ttt_mask` as Eagle2Drafter's tree mask does at inference.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from respec.errors import RespecError
+
+
+def train_dtype(target) -> torch.dtype:
+    return torch.float64 if target.dtype == torch.float64 else torch.float32
+
+
+def _target_layers(target):
+    layers = getattr(target._base, "layers", None)
+    if layers is None or len(layers) == 0:
+        raise RespecError("the target exposes no decoder layers (`get_decoder().layers`)")
+    return layers
+
+
+def make_head(target, *, seed: int = 0, init_from_last_layer: bool = False):
+    """A fresh trainable head shaped for `target` (q/k/v biases iff the target's layers have them).
+    With `init_from_last_layer`, the decoder layer starts as a copy of the target's last layer (its
+    input RMSNorm weight folded into q/k/v, since the head has no input norm) and fc starts as
+    [small random | identity], i.e. it passes f_t through."""
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+    from respec.drafters.eagle2 import random_head
+
+    last = _target_layers(target)[-1]
+    qkv_bias = getattr(getattr(last.self_attn, "q_proj", None), "bias", None) is not None
+    dtype = train_dtype(target)
+    head = random_head(target, seed=seed, qkv_bias=qkv_bias).to(dtype=dtype)
+    with torch.random.fork_rng(devices=[]):          # re-init in full precision, caller's RNG untouched
+        torch.manual_seed(seed)
+        head.fc.reset_parameters()
+        head.layers[0].apply(lambda m: m.reset_parameters() if isinstance(m, torch.nn.Linear) else None)
+    head.rotary = LlamaRotaryEmbedding(head.config).to(target.device)   # inv_freq in float32
+    if init_from_last_layer:
+        with torch.no_grad():
+            src = {k: v.detach().to(dtype) for k, v in last.state_dict().items()
+                   if not k.startswith("input_layernorm")}
+            norm = getattr(last, "input_layernorm", None)
+            w = getattr(norm, "weight", None)
+            if w is not None:
+                for p in ("q_proj", "k_proj", "v_proj"):
+                    key = f"self_attn.{p}.weight"
+                    if key in src:
+                        src[key] = src[key] * w.detach().to(dtype)[None, :]
+            missing, unexpected = head.layers[0].load_state_dict(src, strict=False)
+            if missing or unexpected:
+                raise RespecError(f"cannot initialise the head from the target's last layer: "
+                                  f"missing {missing}, unexpected {unexpected}")
+            h = head.config.hidden_size
+            head.fc.weight[:, :h].mul_(0.1)
+            head.fc.weight[:, h:].copy_(torch.eye(h, dtype=dtype))
+            if head.fc.bias is not None:
+                head.fc.bias.zero_()
+    return head.train()
+
+
+def initial_head(target, cfg, state: dict[str, Any] | None, log: Callable[[str], None]):
+    """`make_head` for `cfg` (a TrainConfig) with its starting weights: the checkpoint's head when
+    `state` (a loaded checkpoint) is given, else the saved head in `cfg.init_from` (fine-tuning; its
+    rotary buffers are rebuilt, not loaded), else the fresh initialisation."""
+    head = make_head(target, seed=cfg.seed, init_from_last_layer=cfg.init_from_last_layer and state is None)
+    if state is not None:
+        head.load_state_dict(state["head"])
+    elif cfg.init_from:
+        from respec.drafters.eagle2 import load_eagle_head
+        src = {k: v for k, v in load_eagle_head(cfg.init_from, target, train_dtype(target)).state_dict().items()
+               if not k.startswith("rotary")}
+        missing, unexpected = head.load_state_dict(src, strict=False)
+        missing = [k for k in missing if not k.startswith("rotary")]
+        if missing or unexpected:
+            raise RespecError(f"cannot start from the head in {cfg.init_from}: missing keys {missing}, "
+                              f"unexpected keys {unexpected}")
+        log(f"starting from the head in {cfg.init_from}")
+    return head
+
+
+def head_forward(head, emb: torch.Tensor, feat: torch.Tensor) -> torch.Tensor:
+    """Batched head forward (no KV cache kept): emb = embed(x_{t+1}), feat = f_t, both [B, T, H] ->
+    f̂_{t+1} [B, T, H], positions 0..T-1, causal attention (depth 0 of `head_unroll`)."""
+    return head_unroll(head, emb, feat, 1)[0]
+
+
+def ttt_mask(T: int, d: int, dtype: torch.dtype, device=None) -> torch.Tensor:
+    """Additive attention mask [1, 1, T, (d+1)T] for unrolled depth d (0-based) of a T-position
+    sequence whose depths 0..d are laid out one after another in the key axis.
+
+    Depth d at position t is the d-th draft step of a chain whose real (teacher-forced) context ends
+    at position t - d: it sees depth-0 keys s <= t - d (what the drafter holds in its KV cache after
+    catch-up) and, for each depth i in 1..d, its own chain's node at position t - d + i (its
+    ancestors in the draft tree, and itself), exactly as Eagle2Drafter's tree mask does."""
+    allowed = torch.zeros(T, (d + 1) * T, dtype=torch.bool)
+    allowed[:, :T] = torch.ones(T, T, dtype=torch.bool).tril(-d)
+    t = torch.arange(T)
+    for i in range(1, d + 1):
+        s = t - d + i
+        ok = s >= 0
+        allowed[t[ok], i * T + s[ok]] = True
+    mask = torch.zeros(1, 1, T, (d + 1) * T, dtype=dtype)
+    return mask.masked_fill(~allowed, torch.finfo(dtype).min).to(device)
+
+
+def head_unroll(head, emb: torch.Tensor, feat: torch.Tensor, depth: int) -> list[torch.Tensor]:
+    """Training-time test (EAGLE-3's unrolled training): depth 0 is the plain causal forward over
+    the pairs (f_t, x_{t+1}); depth d >= 1 feeds the head its own depth-(d-1) prediction for
+    position t - 1 in place of the real feature f_t, attending as `ttt_mask` says. emb, feat: [B, T, H]. Returns `depth` tensors
+    [B, T, H]; entry d at position t predicts f_{t+1} (meaningful for t >= d)."""
+    from transformers import DynamicCache
+
+    B, T, _ = emb.shape
+    pos = torch.arange(T, device=emb.device)[None].expand(B, -1)
+    cache = DynamicCache()
+    preds: list[torch.Tensor] = []
+    inp = feat
+    cos_sin = None
+    for d in range(depth):
+        x = head.fc(torch.cat([emb, inp], dim=-1))                                 # [B, T, H]
+        if cos_sin is None:
+            cos_sin = head.rotary(x, pos)
+        mask = None if d == 0 else ttt_mask(T, d, x.dtype, x.device)
+        out = head.layers[0](x, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True,
+                             position_embeddings=cos_sin)
+        out = out[0] if isinstance(out, tuple) else out                            # [B, T, H]
+        preds.append(out)
+        if d + 1 < depth:
+            inp = torch.cat([feat[:, :1], out[:, :-1]], dim=1)
+    return preds
