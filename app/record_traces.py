@@ -18,6 +18,7 @@ from app.hub import ModelHub
 from app.runs import finish_run, plan_methods, stream_run
 from app.settings import Caps, build_config, method_label
 from app.traces import TRACES_DIR
+from respec._io import atomic_write_text
 from respec.trace import result_to_json
 
 PROMPTS = {
@@ -50,9 +51,7 @@ def main(argv: list[str] | None = None) -> int:
                 if done:
                     run = finish_run(result, decoder)
                     path = TRACES_DIR / f"{name}__{key}.json"
-                    tmp = path.with_name(f".{path.name}.tmp")
-                    tmp.write_text(result_to_json(run.result), encoding="utf-8")
-                    os.replace(tmp, path)
+                    atomic_write_text(path, result_to_json(run.result))
                     st = run.result.stats
                     print(f"{path.relative_to(TRACES_DIR.parent.parent)}: {method_label(method)}, {st.new_tokens} tokens, "
                           f"{st.steps} steps, MAT {st.mean_accepted_length:.2f}, {st.steps_by_source}", file=sys.stderr)

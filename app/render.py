@@ -20,6 +20,7 @@ import math
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from app.text import COLORS, LEGEND, METRICS
+from respec.tokens import first_divergence as first_difference   # one rule for engine, bench and app
 
 if TYPE_CHECKING:
     from respec.trace import GenerationResult, StepTrace
@@ -231,15 +232,6 @@ def live_line(result: GenerationResult) -> str:
 
 
 # ------------------------------------------------------------------------------- diff
-def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
-    """Index of the first token where two outputs differ (one ending early differs at its end);
-    None when they are identical."""
-    a, b = list(a), list(b)
-    if a == b:
-        return None
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-
-
 def aligned_diff(a: Sequence[int], b: Sequence[int], decoder_a, decoder_b=None
                  ) -> tuple[bool, int | None, list[tuple[str, str | None]]]:
     """Token-level diff of two outputs: (identical, first differing index, spans). Spans are the

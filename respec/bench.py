@@ -32,6 +32,7 @@ from respec.bench_report import (SUMMARY_COLUMNS, add_hist, bench_figures, repea
                                  spread_text, summarize, summary_table_markdown, write_reports)
 from respec.config import EngineConfig, is_lossless
 from respec.errors import ConfigError, RespecError
+from respec.tokens import first_divergence
 
 __all__ = ["CATEGORIES", "MT_BENCH", "PEERS", "Question", "RecordSink", "SUMMARY_COLUMNS", "bench_category",
            "bench_figures", "compare_to_vanilla", "first_divergence", "gap_tolerance", "hf_generate",
@@ -43,13 +44,6 @@ __all__ = ["CATEGORIES", "MT_BENCH", "PEERS", "Question", "RecordSink", "SUMMARY
 def gap_tolerance(dtype: str) -> float:
     """Largest vanilla top-1/top-2 logit gap at which a strict method may still diverge by rounding."""
     return 0.5 if ("bfloat16" in dtype or "float16" in dtype) else 1e-3
-
-
-def first_divergence(ref: Sequence[int], out: Sequence[int]) -> int | None:
-    for i, (a, b) in enumerate(zip(ref, out)):
-        if a != b:
-            return i
-    return None if len(ref) == len(out) else min(len(ref), len(out))
 
 
 def rouge_l(ref: Sequence[int], out: Sequence[int]) -> float:

@@ -38,6 +38,13 @@ class Cut:
     reason: str | None          # "stop_token" | "limit" | None: neither reached, generation goes on
 
 
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """Index of the first token where two outputs differ (one ending early differs at its end);
+    None when they are identical."""
+    n = common_prefix_len(a, b)
+    return None if n == len(a) == len(b) else n
+
+
 def cut_generated(tokens: Sequence[int], stop_ids: Collection[int], limit: int) -> Cut:
     """Keep at most `limit` tokens (max_new_tokens, or the context's room), then cut after the first
     stop token. The rule composes: applying it to a step's new tokens with the room left gives

@@ -26,7 +26,7 @@ MAX_VERDICTS = 10_000                  # oldest verdicts are dropped beyond this
 
 
 def default_verdicts_file() -> Path:
-    from respec.models.loading import cache_root
+    from respec.models.default_model import cache_root
     return cache_root() / "train" / VERDICTS_FILE
 
 
