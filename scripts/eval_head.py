@@ -1,6 +1,6 @@
 """Validation top-1 of an EAGLE head per draft depth, on the held-out split of the stored responses.
 
-    .venv/bin/python scripts/eval_head.py [--head assets/eagle/smollm2-135m-instruct] [--depth 3]
+    .venv/bin/python scripts/eval_head.py [--head assets/eagle/smollm2-135m-instruct] [--depth 3] [--dtype float32]
 
 The split is the trainer's (a hash of each example's key, `--val-fraction`, at most `--val-max`
 examples), so a head trained by `train-eagle` on the same store is scored on examples it never
@@ -34,8 +34,9 @@ def main() -> None:
     ap.add_argument("--max-len", type=int, default=1024)
     ap.add_argument("--val-fraction", type=float, default=0.05)
     ap.add_argument("--val-max", type=int, default=64)
+    ap.add_argument("--dtype", default="auto", help="the target's dtype: auto | bfloat16 | float32")
     args = ap.parse_args()
-    target = load_target(args.model)
+    target = load_target(args.model, dtype=args.dtype)
     store = ResponseStore(args.data_dir or default_data_dir(target_slug(target)))
     _, val = split(store.examples(), args.val_fraction, args.val_max)
     head = load_eagle_head(args.head, target, train_dtype(target))
