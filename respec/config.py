@@ -164,6 +164,15 @@ class TriggerConfig:
         _validate_ranges(self)
 
 
+#: How ReSpec's trie spends its node budget on the chosen candidates (`candidates.trie_order`).
+TRIE_ORDERS: dict[str, str] = {
+    "probability": "most probable nodes first: the continuation rate shared among siblings by their "
+                   "candidates' EMA scores, so lower-ranked candidates branch off (default)",
+    "rank": "candidates in rank order, each drafted in full before the next (the earlier insertion: "
+            "the best candidate's chain fills the budget)",
+}
+
+
 @dataclass(frozen=True)
 class CandidateConfig:
     """ReSpec WHAT (ALGORITHMS §1.4)."""
@@ -175,9 +184,13 @@ class CandidateConfig:
     tree_budget: int = _ranged(60, 1, MAX_TREE_TOKENS_CAP, integer=True)  # trie nodes, root included
     min_match: int = _ranged(3, 1, 64, integer=True)  # L_min: minimum match length to consider retrieval
     max_positions: int = _ranged(64, 1, 4096, integer=True)  # end positions examined per step
+    trie_order: str = "probability"  # which trie nodes are kept first (TRIE_ORDERS)
 
     def __post_init__(self) -> None:
         _validate_ranges(self)
+        if not isinstance(self.trie_order, str) or self.trie_order not in TRIE_ORDERS:
+            raise ConfigError(f"CandidateConfig.trie_order must be one of {', '.join(TRIE_ORDERS)}, "
+                              f"got {self.trie_order!r}")
 
 
 #: Readings of the paper's "look-ahead tolerance" (ALGORITHMS.md §1.6), the rule `relax.mode`
@@ -226,7 +239,7 @@ ALIASES: dict[str, str] = {
 }
 
 #: Settings whose values are names, not numbers (never parsed by `_coerce`).
-STRING_SETTINGS: frozenset[str] = frozenset({"method", "relax.mode"})
+STRING_SETTINGS: frozenset[str] = frozenset({"method", "relax.mode", "candidates.trie_order"})
 
 
 @dataclass(frozen=True)
@@ -306,7 +319,7 @@ def device_defaults(device_type: str) -> dict[str, Any]:
         return {"tree.auto": True}
     # ReSpec on the CPU default model (49k vocabulary, copy runs that start after 1-3-token
     # matches): θ_H = 3, L_min = 2, L_max = 32 beat the paper's 1.5 / 3 / 16 in the dev-split sweep
-    # recorded in BENCHMARKS.md §3 (respec-strict 1.44x vs 1.28x overall).
+    # recorded in docs/benchmarks-history.md §3 (respec-strict 1.44x vs 1.28x overall).
     return {"tree.auto": True, "tree.total_tokens": 16, "tree.depth": 4, "tree.top_k": 4,
             "sam.n_predicts": 16, "candidates.tree_budget": 16,
             "trigger.theta_entropy": 3.0, "candidates.min_match": 2, "candidates.l_max": 32}

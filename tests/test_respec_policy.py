@@ -3,6 +3,7 @@ retrieval trie, fallback, and budget/special-token guarantees through the engine
 import pytest
 
 from respec.config import EngineConfig, TriggerConfig
+from respec.errors import ConfigError
 from respec.drafters import make_drafter
 from respec.drafters.base import DraftContext
 from respec.drafters.respec import draft_length, ema_update, entropy_trigger
@@ -51,6 +52,31 @@ def test_every_earlier_position_is_a_candidate_and_trie_merges_them():
     firsts = {prop.tree.tokens[c] for c in prop.tree.children()[0]}
     assert firsts == {8, 9}, "Continuations sharing a prefix must merge into one trie."
     assert prop.decision.fired and "retrieval" in prop.decision.reason
+
+
+def test_trie_order_probability_branches_where_rank_order_fills_one_chain():
+    """Three candidates (ends 12, 7, 2; continuations 8 3 5 6 / 9 2 5 ... / 8 1 5 ...) and room for
+    3 draft nodes: "rank" (the earlier insertion) spends it all on the best candidate's chain;
+    "probability" keeps the likelier first tokens of the others, so the trie branches at the root."""
+    target = make_target("llama")
+    hist = [5, 6, 7, 8, 1, 5, 6, 7, 9, 2, 5, 6, 7, 8, 3, 5, 6]
+    trees = {}
+    for order in ("rank", "probability"):
+        d, _ = _drafter(target, **{"candidates.min_match": 2, "candidates.tree_budget": 4,
+                                   "candidates.trie_order": order})
+        d.reset(hist, None)
+        prop = d.propose(DraftContext(tokens=hist, root=7, entropies=[0.1, 0.1, 0.1], max_nodes=100))
+        assert prop.source == "retrieval" and prop.tree.num_draft == 3
+        trees[order] = prop.tree
+        proposed = [c.proposed for c in prop.candidates if c.draft is not None]
+        if order == "rank":
+            assert list(prop.tree.tokens) == [7, 8, 3, 5] and list(prop.tree.parents) == [-1, 0, 1, 2]
+            assert sum(p > 0 for p in proposed) == 2     # e=2 shares only the first token, 8
+        else:
+            assert {prop.tree.tokens[c] for c in prop.tree.children()[0]} == {8, 9}
+            assert sum(p > 0 for p in proposed) == 3
+    with pytest.raises(ConfigError):
+        EngineConfig().with_overrides({"candidates.trie_order": "breadth"})
 
 
 def test_low_scores_fall_back_to_eagle_with_a_reason():

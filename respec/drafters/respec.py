@@ -209,16 +209,20 @@ class ReSpecDrafter:
         """Merge the chosen candidates' drafts into one trie and keep its most probable nodes: each
         node's probability is the continuation rate for this match length, shared among siblings by
         their candidates' scores (respec/cost.py `trie_node_probs`), so lower-ranked candidates
-        branch off wherever their first tokens are likelier than the best one's deep tokens. The
-        cost model (tree.auto) picks how many pay, up to the trie budget; without it the budget
-        is filled."""
+        branch off wherever their first tokens are likelier than the best one's deep tokens
+        (`candidates.trie_order` "rank" keeps nodes in insertion order instead: the best
+        candidate's whole draft first). The cost model (tree.auto) picks how many pay, up to the
+        trie budget; without it the budget is filled."""
         cap = min(self.cand_cfg.tree_budget, ctx.max_nodes)
         paths = [list(x.draft) for x in chosen]
         scores = [x.score_before if x.score_before is not None else 1.0 for x in chosen]
         full = DraftTree.trie(ctx.root, paths, budget=1 + sum(len(p) for p in paths), path_scores=scores)
         rate = self.continuation.rate(match)
         probs = trie_node_probs(full.parents, full.scores, rate)
-        order = ancestor_closed_order(full.parents, probs)
+        if self.cand_cfg.trie_order == "rank":      # insertion order: ancestor-closed by construction
+            order = list(range(1, full.size))
+        else:
+            order = ancestor_closed_order(full.parents, probs)
         plan = None
         size = min(cap, full.size)
         if ctx.cost is not None:
