@@ -178,7 +178,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 PRESET_HELP = {
     "device defaults": "The engine's defaults for this device (on CPU: small auto-pruned trees, θ_H 3, "
-                       "L_min 2, L_max 32, chosen by the dev-split sweep in BENCHMARKS.md).",
+                       "L_min 2, L_max 32, chosen by the dev-split sweep in docs/benchmarks-history.md).",
     "paper defaults": "The paper's values (θ_H 1.5, window 3, L_min 3, L_max 16, S0 = θ_score 0.5, α 0.3) with "
                       "EAGLE-2's fixed 60-node tree (depth 5, top-k 10) and the cost model off: slow on a CPU.",
     "lossless": "Relaxed budget 0 and greedy: ReSpec's output equals vanilla's token for token.",

@@ -56,7 +56,7 @@ def launch_kwargs() -> dict[str, Any]:
     `state_session_capacity`: Gradio keeps a copy of the page's component config (~2 MB here) for
     every session, API clients included, and drops the least recently used beyond this count; its
     default (10,000) would let a stream of new clients grow the server by gigabytes. The cap is
-    RESPEC_MAX_SESSIONS (default 300), measured by scripts/load_test.py (BENCHMARKS.md)."""
+    RESPEC_MAX_SESSIONS (default 300), measured by scripts/load_test.py (docs/benchmarks-history.md)."""
     return {"theme": gr.themes.Soft(primary_hue="blue", secondary_hue="orange"), "css": static_text("app.css"),
             "footer_links": ["api", "gradio", "settings"], "ssr_mode": False,
             "state_session_capacity": env_int("RESPEC_MAX_SESSIONS", 300)}

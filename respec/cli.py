@@ -312,7 +312,7 @@ def _add_train_settings(t: argparse.ArgumentParser) -> None:
     t.add_argument("--init-from-last-layer", action="store_true",
                    help="start the head's layer as a copy of the target's last decoder layer (on the default "
                         "model this started far worse than random init: validation top-1 3%% after 250 steps "
-                        "against 22%% after 200; see BENCHMARKS.md section 8)")
+                        "against 22%% after 200; see docs/benchmarks-history.md section 8)")
     t.add_argument("--init-from", default=None, metavar="DIR",
                    help="start from a saved head (config.json + weights, e.g. assets/eagle/...): fine-tune it "
                         "on new data; its draft vocabulary is recomputed from the data when --draft-vocab is set")

@@ -1,4 +1,4 @@
-"""Time the parts of one EAGLE training step on the default model (BENCHMARKS.md §8.1).
+"""Time the parts of one EAGLE training step on the default model (docs/benchmarks-history.md §8.1).
 
 Usage: .venv/bin/python scripts/profile_train_step.py [--batch 4] [--tokens 400] [--draft-vocab 8192]
 

@@ -61,7 +61,7 @@ def test_shipped_eagle_head_loads_matches_its_config_and_accepts(runner, vanilla
     its config.json, and greedy EAGLE-2 with it accepts well above the 1.00 of no drafting while
     staying lossless. Measured when it was shipped (64 tokens, 16/4/4 tree): code 3.20, explain 1.78
     tokens per step (bonus counted). Issue 3 asks for > 2 on two prompts; this head reaches it on
-    one, so the second floor is 1.5 until a better head ships (see BENCHMARKS.md §9)."""
+    one, so the second floor is 1.5 until a better head ships (see docs/benchmarks-history.md §9)."""
     import json
     from safetensors.torch import load_file
     from respec.runner import DEFAULT_HEAD_DIR

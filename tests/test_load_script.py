@@ -1,7 +1,7 @@
 """The bounded load script (scripts/load_test.py) on a small load: it starts the real app as a
 server process on loopback, runs concurrent gradio_client clients and checks completion, no crossed
 responses and FIFO order (memory only loosely here: one warm-up round does not settle the
-allocator). BENCHMARKS.md records the full 8 x 3 run with its memory figures."""
+allocator). docs/benchmarks-history.md records the full 8 x 3 run with its memory figures."""
 import json
 import subprocess
 import sys
