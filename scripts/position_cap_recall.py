@@ -58,12 +58,8 @@ class Tally:
 
 def agreement(hist: list[int], e: int, future: list[int], l_max: int) -> int:
     """Leading tokens of hist[e+1 : e+1+l_max] equal to `future`."""
-    n = 0
-    for a, b in zip(hist[e + 1:e + 1 + l_max], future[:l_max]):
-        if a != b:
-            break
-        n += 1
-    return n
+    from respec.tokens import common_prefix_len
+    return common_prefix_len(hist[e + 1:e + 1 + l_max], future[:l_max])
 
 
 def replay(prompt: list[int], answer: list[int], min_match: int, l_max: int, cap: int) -> Tally:

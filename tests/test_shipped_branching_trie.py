@@ -22,10 +22,7 @@ def _branching_steps(result) -> list[int]:
         if s.source != "retrieval":
             continue
         in_trie = [c for c in s.candidates if c.get("proposed", 0) > 0]
-        children: dict[int, int] = {}
-        for p in s.tree.parents[1:]:
-            children[p] = children.get(p, 0) + 1
-        if len(in_trie) >= 2 and max(children.values(), default=0) >= 2:
+        if len(in_trie) >= 2 and max(map(len, s.tree.children())) >= 2:
             out.append(i)
     return out
 
@@ -49,8 +46,7 @@ def test_a_shipped_respec_trace_shows_a_branching_trie_in_the_step_explorer():
             points = {(x, y) for tr in out["tree_plot"].data if tr.mode and "markers" in tr.mode
                       for x, y in zip(tr.x or (), tr.y or ()) if x is not None and y is not None}
             depths = step.tree.depths()
-            kids = [c for c in range(1, step.tree.size)
-                    if sum(1 for d in range(1, step.tree.size) if step.tree.parents[d] == step.tree.parents[c]) >= 2]
+            kids = [c for sibs in step.tree.children() if len(sibs) >= 2 for c in sibs]
             rows_at = {(depths[c], y) for c in kids for (x, y) in points if x == depths[c]}
             assert len({y for _, y in rows_at}) >= 2, f"{name} step {i}: siblings drawn on one row"
             table = out["cand_table"]
