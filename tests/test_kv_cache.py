@@ -144,3 +144,65 @@ def test_generation_across_the_slab_growth_equals_vanilla(method):
         out = run(target, "sam", prompt, max_new_tokens=40, **{"tree.auto": False, "sam.len_threshold": 2})
     assert out.tokens == ref.tokens
     assert target.cache.layers[0]._k.shape[2] > INITIAL_CAPACITY, "the target's slab grew"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("masked", [False, True])
+def test_single_query_packing_matches_repeated_heads(dtype, masked):
+    """One query per head, packed as the g queries of each KV head, equals SDPA over keys and values
+    repeated to every query head (transformers' repeat_kv order: head h reads KV head h // g)."""
+    from respec.models.attention import _single_query
+
+    gen = torch.Generator().manual_seed(0)
+    b, h, hkv, k, d = 2, 9, 3, 37, 16
+    q = torch.randn(b, h, 1, d, generator=gen).to(dtype)
+    key = torch.randn(b, hkv, k, d, generator=gen).to(dtype)
+    value = torch.randn(b, hkv, k, d, generator=gen).to(dtype)
+    mask = None
+    if masked:
+        blocked = torch.rand(b, 1, 1, k, generator=gen) < 0.3
+        blocked[..., -1] = False
+        mask = torch.zeros(b, 1, 1, k, dtype=dtype).masked_fill(blocked, torch.finfo(dtype).min)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q.float(), key.float().repeat_interleave(h // hkv, dim=1), value.float().repeat_interleave(h // hkv, dim=1),
+        attn_mask=None if mask is None else mask.float(), scale=0.125)                 # [b, h, 1, d]
+    out = _single_query(q, key, value, mask, 0.125, h // hkv)                          # [b, 1, h, d]
+    assert out.shape == (b, 1, h, d) and out.dtype == dtype
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.float(), ref.transpose(1, 2), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_decode_steps_pack_the_single_query(arch, monkeypatch):
+    """A root-only step (vanilla's, and every method's non-drafting step) runs SDPA once per layer on
+    the KV heads with the g queries of each packed (no enable_gqa, no repeated keys); its logits
+    match the stock single-token path."""
+    target = make_target(arch)
+    cfg = target.model.config
+    groups = cfg.num_attention_heads // cfg.num_key_value_heads
+    assert groups > 1, "a GQA model, or the test shows nothing"
+    seen = []                                      # (enable_gqa, heads of the query, query length) per call
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, **kw):
+        seen.append((kw.get("enable_gqa", False), q.shape[1], q.shape[2]))
+        return sdpa(q, k, v, **kw)
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    rng = random.Random(3)
+    prompt = [rng.randrange(3, 120) for _ in range(30)]
+    kwargs = dict(target._tree_kwargs)
+    logits = {}
+    for flag in (True, False):
+        target._tree_kwargs = kwargs if flag else {}
+        target.prefill(prompt)
+        seen.clear()
+        steps = []
+        for tok in (7, 11, 13):
+            steps.append(target.forward_tree(DraftTree.root_only(tok)).logits)
+            target.keep([0])
+        logits[flag] = torch.cat(steps)
+        if flag:
+            assert seen == [(False, cfg.num_key_value_heads, groups)] * (3 * cfg.num_hidden_layers)
+        else:
+            assert seen and all(q_heads == cfg.num_attention_heads for _, q_heads, _ in seen)
+    torch.testing.assert_close(logits[True], logits[False], atol=1e-4, rtol=1e-4)

@@ -1,15 +1,24 @@
-"""Attention for tree verification on the CPU, through transformers' public AttentionInterface.
+"""Attention for tree verification and decoding on the CPU, through transformers' public AttentionInterface.
 
 Contract: `use_tree_attention(model)` registers the attention function "respec_sdpa" (the same
 function each time; the mask builder is transformers' own `sdpa_mask`) and switches a model that uses "sdpa"
 to it. Every call that does not pass `respec_gqa=True` goes to transformers' `sdpa_attention_forward`
-unchanged, so `model.generate` (the hf peers of the benchmark) and single-token decoding run
-exactly the stock code. A call with `respec_gqa=True` (HFTarget.forward_tree), a mask, more than one
-query and grouped KV heads, on the CPU, calls torch's SDPA with `enable_gqa=True`: stock transformers
-only does that without a mask and otherwise copies every layer's keys and values to all query heads
-first (`repeat_kv`: ~55 MB per 16-node verify at a 800-token context on the default model). Same
-maths, bit-identical logits (tests/test_kv_cache.py). On CUDA a masked GQA call would fall back to
-torch's math kernel, so there the stock path is kept.
+unchanged, so `model.generate` (the hf peers of the benchmark) runs exactly the stock code. The
+engine's forwards (HFTarget.forward_tree: vanilla's steps and every method's steps alike) pass
+`respec_gqa=True`; on the CPU, with grouped KV heads, no dropout, position bias or softcap:
+- more than one query under a mask (a draft tree or chain) calls torch's SDPA with `enable_gqa=True`.
+  Stock transformers only does that without a mask and otherwise copies every layer's keys and values
+  to all query heads first (`repeat_kv`: ~55 MB per 16-node verify at an 800-token context on the
+  default model);
+- one query (a decode step) is packed as the `g` queries of each KV head ([B, H_kv, g, D]) and
+  attends without `enable_gqa`. Stock transformers sends an unmasked single query to SDPA with
+  `enable_gqa=True`, which in bfloat16 on the CPU takes 5-7x longer per layer (at a 1,024-token
+  context 0.62 ms against 0.11 ms; float32 is the same either way), so a one-token step at long
+  context cost more than a two-token tree (scripts/kv_attention_bench.py). Vanilla decoding goes
+  through this path too, so speedups are measured against the fast single-token step.
+Same maths (bit-identical logits for the tree path, tests/test_kv_cache.py; float rounding for the
+packed path). On CUDA a masked GQA call would fall back to torch's math kernel, so there the stock
+path is kept.
 
 `additive_mask(blocked, past, dtype)` is the one bool -> additive mask conversion (tree verification
 in hf.py, the EAGLE head's causal and tree masks in respec/drafters/).
@@ -27,15 +36,29 @@ def respec_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
     """query [B, H, q, D], key/value [B, H_kv, k, D], mask [B, 1, q, k] -> ([B, q, H, D], None)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    tree_call = kwargs.pop("respec_gqa", False)
-    if (tree_call and query.device.type == "cpu" and attention_mask is not None and query.shape[2] > 1
-            and getattr(module, "num_key_value_groups", 1) > 1 and dropout == 0.0
+    engine_call = kwargs.pop("respec_gqa", False)
+    groups = getattr(module, "num_key_value_groups", 1)
+    if (engine_call and query.device.type == "cpu" and groups > 1 and dropout == 0.0
             and kwargs.get("position_bias") is None and kwargs.get("softcap") is None):
-        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
-                                                               scale=scaling, enable_gqa=True)
-        return out.transpose(1, 2).contiguous(), None
+        if query.shape[2] == 1:
+            return _single_query(query, key, value, attention_mask, scaling, groups), None
+        if attention_mask is not None:
+            out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
+                                                                   scale=scaling, enable_gqa=True)
+            return out.transpose(1, 2).contiguous(), None
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                   is_causal=is_causal, **kwargs)
+
+
+def _single_query(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  attention_mask: torch.Tensor | None, scaling: float | None, groups: int) -> torch.Tensor:
+    """query [B, H, 1, D], key/value [B, H_kv, k, D], mask None or [B, 1, 1, k] -> [B, 1, H, D]: query
+    head h = j * groups + r (repeat_kv's order) becomes query r of KV head j."""
+    b, h, _, d = query.shape
+    packed = query.reshape(b, h // groups, groups, d)                             # [B, H_kv, g, D]
+    out = torch.nn.functional.scaled_dot_product_attention(packed, key, value, attn_mask=attention_mask,
+                                                           scale=scaling)         # [B, H_kv, g, D]
+    return out.reshape(b, h, 1, d).transpose(1, 2).contiguous()
 
 
 def use_tree_attention(model) -> bool:
