@@ -30,7 +30,7 @@ def make_drafter(method: str, target, config: EngineConfig, head=None) -> Drafte
     variant = VARIANTS.get(method)
     if variant is not None and not variant.fallback:       # retrieval only: no EAGLE head at all
         return ReSpecDrafter(None, config, variant=variant, name=method, stop_token_ids=target.eos_token_ids)
-    eagle = Eagle2Drafter(target, head if head is not None else random_head(target), config.tree, method=method)
+    eagle = Eagle2Drafter(target, head if head is not None else random_head(target), config.tree)
     if method == "eagle2":
         return eagle
     if method == "sam":

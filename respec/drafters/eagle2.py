@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-import weakref
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -120,8 +119,6 @@ def eagle_node_probs(tree: DraftTree, kappa: float) -> list[float]:
 
 # ---------------------------------------------------------------------------- the drafter
 PROBE_ROWS = 16    # catch-up rows whose head predictions are checked against the committed text
-MAX_MISSES = 16    # the back-off exponent stops growing here (2^6 already reaches MAX_SKIP)
-USELESS_SKIP_EXP = 5  # a head with no top-1 match over >= PROBE_ROWS // 2 rows sits out >= 2^5 = 32 steps
 MAX_SKIP = 64      # longest stretch of steps the head sits out before the next probe
 SCRATCH_WINDOW = 64  # a probe over a longer queue checks the head on this many last positions first
 
@@ -132,27 +129,6 @@ class EagleDraft:
     model's decision about it (None without a cost model, or when no draft was wanted)."""
     tree: DraftTree
     auto: AutoDecision | None = None
-
-
-@dataclass
-class HeadRecord:
-    """What earlier requests learnt about one head: its back-off exponent (misses) when the last
-    request left it. A head that a probe found plainly useless (misses >= USELESS_SKIP_EXP) starts
-    the next request switched off, sitting out 2^misses steps, instead of paying a probe at the
-    start of every request; a draft that pays sets misses back to 0."""
-    misses: int = 0
-
-
-_HEAD_RECORDS: "weakref.WeakKeyDictionary[EagleHead, dict[str, HeadRecord]]" = weakref.WeakKeyDictionary()
-
-
-def head_record(head: EagleHead, method: str = "eagle2") -> HeadRecord:
-    """The HeadRecord of `head` under `method` (kept while the head lives). One per method, so that
-    in a benchmark one method's probes never spare another's: each pays for what it learns."""
-    records = _HEAD_RECORDS.get(head)
-    if records is None:
-        records = _HEAD_RECORDS[head] = {}
-    return records.setdefault(method, HeadRecord())
 
 
 class Eagle2Drafter:
@@ -166,8 +142,7 @@ class Eagle2Drafter:
     unprofitable drafts in a row it sits out 2^misses steps (at most MAX_SKIP), queueing features
     at no cost; then a cheap probe (the catch-up alone, whose predictions over the queued positions
     are checked against the committed tokens) decides whether even a one-token draft would pay
-    before any tree is grown (a probe that matched nothing at all sits the head out for at least
-    2^USELESS_SKIP_EXP steps). A request starts with such a probe, so a random head never drafts;
+    before any tree is grown. A request starts with such a probe, so a random head never drafts;
     over a long queue (the prompt, or many steps off) the probe first runs the head on the last
     SCRATCH_WINDOW positions only, in a throwaway cache: a head that matches none of them stays
     off with the queue unfed; any other is fed the whole queue and judged with its full context."""
@@ -175,29 +150,19 @@ class Eagle2Drafter:
     name = "eagle2"
     needs_hidden = True
 
-    def __init__(self, target: TargetModel, head: EagleHead, tree: TreeConfig, method: str = "eagle2") -> None:
+    def __init__(self, target: TargetModel, head: EagleHead, tree: TreeConfig) -> None:
         self.target = target
         self.head = head
         self.tree_cfg = tree
         self.cache = slab_cache(head.config)
-        self.record = head_record(head, method)     # `method`: the one this drafter serves (sam, respec, ...)
         self._pending: list[torch.Tensor] = []   # each [m_i, H]: features of committed positions
         self._reset_auto()
 
-    @property
-    def _misses(self) -> int:
-        """The back-off exponent, kept in the head's HeadRecord so that it outlives the request."""
-        return self.record.misses
-
-    @_misses.setter
-    def _misses(self, value: int) -> None:
-        self.record.misses = min(value, MAX_MISSES)
-
     def _reset_auto(self) -> None:
-        # calibration sums (decayed), back-off and probe state for useless drafting; a head an
-        # earlier request found plainly useless starts switched off (HeadRecord)
+        # calibration sums (decayed), miss streak, back-off and probe state for useless drafting
         self._pred_sum = self._real_sum = 0.0
-        self._skip = min(MAX_SKIP, 2 ** self._misses) if self._misses >= USELESS_SKIP_EXP else 0
+        self._misses = 0
+        self._skip = 0
         self._probing = True
         self._last_pred: float | None = None
         self._hits = self._rows = 0               # the last catch-up's top-1 check
@@ -365,12 +330,8 @@ class Eagle2Drafter:
         plan = SizePlan.at([acc], 2, cost.curve(), draft_ms)
         if plan.rate_vs_plain >= 1.0 + MIN_GAIN:
             return None
-        # a head that matched nothing over many rows is plainly useless (a head right half the time
-        # does that once in 2^8 probes or fewer): sit out at least 32 steps at once, not 4, 16, 64
-        if self._hits == 0 and self._rows >= PROBE_ROWS // 2:
-            self._misses = max(self._misses + 2, USELESS_SKIP_EXP)
-        else:
-            self._misses += 1
+        # a head that matched nothing over many rows is plainly useless: back off twice as fast
+        self._misses += 2 if (self._hits == 0 and self._rows >= PROBE_ROWS // 2) else 1
         self._skip = min(MAX_SKIP, 2 ** self._misses)
         return AutoDecision(plan=plan, kept=1, probe_hits=self._hits, probe_rows=self._rows,
                             reason=f"auto probe: the head's top-1 matched {self._hits} of the last "
