@@ -12,10 +12,11 @@ engine's forwards (HFTarget.forward_tree: vanilla's steps and every method's ste
   default model);
 - one query (a decode step) is packed as the `g` queries of each KV head ([B, H_kv, g, D]) and
   attends without `enable_gqa`. Stock transformers sends an unmasked single query to SDPA with
-  `enable_gqa=True`, which in bfloat16 on the CPU takes 5-7x longer per layer (at a 1,024-token
-  context 0.62 ms against 0.11 ms; float32 is the same either way), so a one-token step at long
-  context cost more than a two-token tree (scripts/kv_attention_bench.py). Vanilla decoding goes
-  through this path too, so speedups are measured against the fast single-token step.
+  `enable_gqa=True`, which in bfloat16 on the CPU is several times slower (float32 is about the
+  same either way): a whole one-token step of the default model at a 2,048-token context took
+  99.7 ms that way against 63.8 ms packed (scripts/kv_attention_bench.py, BENCHMARKS.md §8), more
+  than a two-token tree. Vanilla decoding goes through this path too, so speedups are measured
+  against the fast single-token step.
 Same maths (bit-identical logits for the tree path, tests/test_kv_cache.py; float rounding for the
 packed path). On CUDA a masked GQA call would fall back to torch's math kernel, so there the stock
 path is kept.
