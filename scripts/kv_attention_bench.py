@@ -1,8 +1,9 @@
 """Compare the target adapter's forward + keep time with transformers' stock cache and attention
 ("stock": DynamicCache, stock sdpa with repeat_kv under a mask) against ours ("ours": the slab KV
 cache of respec/models/kv.py, grouped-query SDPA for masked multi-token forwards and the query
-packed per KV head for one-token forwards, from respec/models/attention.py). Both run in one process, interleaved round by round, so machine
-noise hits both alike. Prints the median milliseconds per shape and context as a Markdown table.
+packed per KV head for one-token forwards, from respec/models/attention.py). Both run in one
+process, interleaved round by round, so machine noise hits both alike. Prints the median
+milliseconds per shape and context as a Markdown table.
 
     .venv/bin/python scripts/kv_attention_bench.py [--model default] [--contexts 200,800] [--rounds 5]
 """

@@ -37,6 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # `python scri
 
 from tqdm import tqdm
 
+from respec.tokens import common_prefix_len  # noqa: E402  (after the sys.path line above)
+
 UNCAPPED = 10 ** 9
 
 
@@ -58,7 +60,6 @@ class Tally:
 
 def agreement(hist: list[int], e: int, future: list[int], l_max: int) -> int:
     """Leading tokens of hist[e+1 : e+1+l_max] equal to `future`."""
-    from respec.tokens import common_prefix_len
     return common_prefix_len(hist[e + 1:e + 1 + l_max], future[:l_max])
 
 

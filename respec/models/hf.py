@@ -7,8 +7,8 @@ position ids kv_len + depth; chains and single tokens use the model's own causal
 logits, fewer allocations). The KV cache is transformers' own DynamicCache with its full-attention
 layers stored in growing slabs (respec/models/kv.py: no whole-cache copy per forward); on the CPU,
 masked tree forwards use grouped-query SDPA and one-token forwards pack the query per KV head
-(respec/models/attention.py). Compaction after a
-non-prefix path gathers the kept rows of every layer along the sequence axis, then crops
+(respec/models/attention.py). Compaction after a non-prefix path gathers the kept rows of every
+layer along the sequence axis, then crops
 (`DynamicCache.crop` takes a NEGATIVE count in transformers 5; see shared/models/README.md §3.2).
 No modeling file is forked or patched.
 
