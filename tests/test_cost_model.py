@@ -168,3 +168,98 @@ def test_a_probe_over_a_long_queue_checks_the_tail_only_and_feeds_the_queue_only
     tree = d.draft_tree(prompt, 5, cost=cm).tree
     assert d.kv_len == len(prompt) and not d._pending, "a head with hits is fed the whole queue, then drafts"
     assert d._rows == 16, "and judged again with its full context"
+
+
+def test_a_probe_refuses_a_useless_head_from_a_small_vocabulary_bound_without_the_output_layer(monkeypatch):
+    """The probe's first count is an upper bound from a few hundred output rows; a head refused by it
+    never runs the whole (draft) output layer, and a bound that could pay is checked exactly."""
+    from respec.config import TreeConfig
+    from respec.drafters.eagle2 import PROBE_ROWS, Eagle2Drafter
+    from respec.drafters.eagle_head import random_head
+    target = make_target("llama", seed=0)
+    prompt = [(5 * i) % 90 + 3 for i in range(40)]
+    d = Eagle2Drafter(target, random_head(target), TreeConfig(total_tokens=8, depth=2, top_k=2, auto=True))
+    rows_through_full_layer = []
+    full = d.head.draft_logits
+    monkeypatch.setattr(d.head, "draft_logits", lambda t, out: rows_through_full_layer.append(out.shape[0]) or full(t, out))
+    d.reset(prompt, target.prefill(prompt).hidden)
+    d.catch_up(prompt, 7, check=True)
+    bound, (rows, truth) = d._hits, d._check
+    assert d._rows == PROBE_ROWS and rows.shape[0] == PROBE_ROWS and rows_through_full_layer == [1], \
+        "the catch-up runs the full layer on the root's row only"
+    top = full(target, rows).float().argmax(-1).tolist()
+    exact = sum(int(a == b) for a, b in zip(top, truth))
+    assert bound >= exact, "a bound over a vocabulary subset can only over-count"
+    cm = CostModel(lambda n: dict(AMX), max_size=8)
+    d._hits = 0                                    # what a useless head's bound gives
+    assert d._probe_refusal(cm) is not None and rows_through_full_layer == [1], "refused on the bound alone"
+    d._check, d._hits, d._rows = (rows, truth), PROBE_ROWS, PROBE_ROWS   # a bound that would pay
+    d._probe_refusal(cm)
+    assert rows_through_full_layer[-1] == PROBE_ROWS and d._hits == exact, "then the exact count decides"
+
+
+def test_check_vocab_holds_the_tokens_to_match_and_only_draftable_ids():
+    from respec.config import TreeConfig
+    from respec.drafters.eagle2 import Eagle2Drafter
+    from respec.drafters.eagle_head import random_head
+    import torch
+    target = make_target("llama", seed=0)
+    d = Eagle2Drafter(target, random_head(target), TreeConfig(total_tokens=8, depth=2, top_k=2, auto=True))
+    ids = d.check_vocab([11, 12], [40, 41, 41])
+    assert {11, 12, 40, 41} <= set(ids.tolist()) and ids.tolist() == sorted(set(ids.tolist()))
+    d.head.draft_vocab = torch.tensor([11, 40, 77])
+    assert set(d.check_vocab([11, 12], [40, 41]).tolist()) <= {11, 40, 77}
+
+
+def test_the_depth_cut_stops_growing_a_tree_whose_next_layer_cannot_pay():
+    """expand_tree asks the rule before each layer; the drafter's rule compares the frontier's
+    calibrated mass per layer-millisecond with the best rate the nodes so far reach."""
+    import time
+    import torch
+    from respec.config import TreeConfig
+    from respec.drafters.eagle2 import DEPTH_SOURCE, Eagle2Drafter, expand_tree
+    from respec.drafters.eagle_head import random_head
+    V = 6
+    calls = []
+
+    def step_fn(feats, tokens, depth, parent_slots):
+        calls.append(depth)
+        return feats, torch.log_softmax(torch.zeros(len(tokens), V), -1)
+    root_logp = torch.log_softmax(torch.tensor([3.0, 2.0, 1.0, 0.0, -1.0, -2.0]), -1)
+    cfg = TreeConfig(top_k=2, depth=4, total_tokens=16, auto=True)
+    tree = expand_tree(step_fn, 99, torch.zeros(4), root_logp, cfg, expand=lambda scores, frontier: len(scores) < 4)
+    assert calls == [0] and max(tree.depths()) == 2, "one layer grown, then the rule stopped it"
+
+    target = make_target("llama", seed=0)
+    d = Eagle2Drafter(target, random_head(target), cfg)
+    cm = CostModel(lambda n: dict(AMX), max_size=16)
+    rule = d._expand_rule(cm, cfg, time.perf_counter())
+    assert rule([-0.1], [-0.1]), "no layer timed yet: grow"
+    cm.draft_ms(DEPTH_SOURCE, 4.0)
+    confident, unsure = [math.log(0.9), math.log(0.8)], [math.log(0.01), math.log(0.005)]
+    assert rule(confident, confident), "a frontier likely to be accepted is worth a 4 ms layer"
+    assert not rule(confident + unsure, unsure), "1.5% of a token is not worth 4 ms"
+    cm.draft_ms(DEPTH_SOURCE, 0.01)
+    cm.draft_ms(DEPTH_SOURCE, 0.01)
+    assert rule(confident + unsure, unsure), "but is worth a layer that costs next to nothing"
+
+
+def test_the_depth_cut_keeps_eagle2_lossless_and_says_why_in_the_decision():
+    from respec.config import TreeConfig
+    from respec.drafters.eagle2 import DEPTH_SOURCE, Eagle2Drafter
+    from respec.drafters.eagle_head import random_head
+    target = make_target("llama", seed=0)
+    prompt = [5, 17, 33, 9, 71, 4, 88, 12] * 3
+    ref = run(target, "vanilla", prompt, max_new_tokens=40)
+    out = run(target, "eagle2", prompt, max_new_tokens=40, **{"tree.auto": True, "tree.total_tokens": 16,
+                                                               "tree.depth": 4, "tree.top_k": 4})
+    assert out.tokens == ref.tokens
+    cfg = TreeConfig(top_k=4, depth=4, total_tokens=16, auto=True)
+    d = Eagle2Drafter(target, random_head(target), cfg)
+    d.reset(prompt, target.prefill(prompt).hidden)
+    d._probing = False                                  # past its probe: the head drafts
+    cm = CostModel(lambda n: dict(AMX), max_size=16)
+    cm.draft_ms(DEPTH_SOURCE, 1000.0)                   # a layer dearer than any gain
+    draft = d.draft_tree(prompt, 7, cost=cm)
+    assert "grown to depth 1 only: another layer would add at most" in draft.auto.reason
+    assert draft.tree.size == 1 or max(draft.tree.depths()) == 1

@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 import torch
 
 from respec.config import TreeConfig
-from respec.cost import MIN_GAIN, AutoDecision, CostModel, SizePlan, ancestor_closed_order
+from respec.cost import MIN_GAIN, AutoDecision, CostModel, SizePlan, ancestor_closed_order, plan_size
 from respec.drafters.base import Decision, DraftContext, Proposal, StepOutcome
 # The head's public names stay importable from here for respec.train, respec.cli and scripts/.
 from respec.drafters.eagle_head import (EagleHead, LMHead, load_eagle_head, random_head,  # noqa: F401
@@ -52,15 +52,22 @@ class _Node:
     parent: int      # index into the node list, -1 = child of the root
 
 
+#: expand(scores of every node so far, scores of the frontier) -> whether to grow one more layer.
+ExpandRule = Callable[[Sequence[float], Sequence[float]], bool]
+
+
 def expand_tree(step_fn: StepFn, root: int, root_feat: torch.Tensor, root_logp: torch.Tensor,
-                cfg: TreeConfig, vocab: torch.Tensor | None = None) -> DraftTree:
+                cfg: TreeConfig, vocab: torch.Tensor | None = None, expand: ExpandRule | None = None
+                ) -> DraftTree:
     """EAGLE-2 dynamic tree. root_feat: [H] f̂ predicted at the root's position; root_logp: [V] the
     head's log-probs for the token after the root. Returns a tree of at most cfg.total_tokens nodes.
     With `vocab` [V] (a reduced draft vocabulary), log-prob index i stands for token vocab[i].
 
     1. Layer 1 = top-k of root_logp (score = log q).
-    2. `depth` times: feed the k frontier nodes (features = their parents' outputs), score their
-       top-k children by cumulative log-prob, keep the best k of the k² as the next frontier.
+    2. Up to `depth` times: feed the k frontier nodes (features = their parents' outputs), score
+       their top-k children by cumulative log-prob, keep the best k of the k² as the next frontier.
+       With `expand`, each round first asks it (cumulative log-probs of every node so far and of
+       the frontier); False stops the search there (the cost model's depth cut).
     3. Global re-rank: keep the best total_tokens - 1 of all scored nodes. Scores never increase
        along a path and ties break by creation order, so the kept set is ancestor-closed.
     """
@@ -75,6 +82,8 @@ def expand_tree(step_fn: StepFn, root: int, root_feat: torch.Tensor, root_logp: 
     feats = root_feat[None].expand(k, -1)                                     # [k, H]
     parent_slots = None
     for i in range(cfg.depth):
+        if expand is not None and not expand([nd.score for nd in nodes], [nodes[j].score for j in frontier]):
+            break
         tokens = torch.tensor([nodes[j].token for j in frontier], dtype=torch.long)
         out, logp = step_fn(feats, tokens, i, parent_slots)                   # [k', H], [k', V]
         ct = torch.topk(logp.float(), k, dim=-1)                              # [k', k]
@@ -121,6 +130,9 @@ def eagle_node_probs(tree: DraftTree, kappa: float) -> list[float]:
 PROBE_ROWS = 16    # catch-up rows whose head predictions are checked against the committed text
 MAX_SKIP = 64      # longest stretch of steps the head sits out before the next probe
 SCRATCH_WINDOW = 64  # a probe over a longer queue checks the head on this many last positions first
+CHECK_CONTEXT = 256  # a probe's bound compares the committed text's last this many tokens ...
+CHECK_SPREAD = 512   # ... and about this many ids spread over the vocabulary
+DEPTH_SOURCE = "eagle layer"   # the cost model's record of one tree layer's drafting time
 
 
 @dataclass(frozen=True)
@@ -165,7 +177,9 @@ class Eagle2Drafter:
         self._skip = 0
         self._probing = True
         self._last_pred: float | None = None
-        self._hits = self._rows = 0               # the last catch-up's top-1 check
+        self._hits = self._rows = 0               # the last catch-up's top-1 check (a bound until exact)
+        self._cut: tuple[int, float, float] | None = None   # the last tree's depth cut (nodes, bound, ms)
+        self._check: tuple[torch.Tensor, list[int]] | None = None   # its rows [r, H] and tokens
 
     @property
     def kappa(self) -> float:
@@ -203,27 +217,69 @@ class Eagle2Drafter:
             raise RuntimeError(f"EAGLE catch-up out of sync: {m} features, {len(nxt)} tokens")
         return feats, nxt, start
 
-    def _feed(self, feats: torch.Tensor, nxt: Sequence[int], start: int, cache, check: bool
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _feed(self, feats: torch.Tensor, nxt: Sequence[int], start: int, cache, check: bool,
+              context: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the head over pairs (feats [m, H], nxt [m]) at head positions start.. into `cache`.
-        Returns f̂ [H] and log-probs [V] at the last position; with `check`, sets `self._hits` of
-        `self._rows`: how many of the last PROBE_ROWS positions' top-1 is the token that followed."""
+        Returns f̂ [H] and log-probs [V] at the last position. With `check`, keeps the last
+        PROBE_ROWS positions' predicted features and the tokens that followed them for the probe,
+        and sets `self._hits` of `self._rows` to an upper bound of their top-1 matches computed over
+        a small vocabulary (`check_vocab`, with `context` for candidates): exact later only if the
+        bound says the head might pay (`_exact_hits`)."""
         m = feats.shape[0]
         dev = self.target.device
         tok = torch.tensor(list(nxt), dtype=torch.long, device=dev)
         pos = torch.arange(start, start + m, device=dev)
         out = self.head(self.target.embed(tok), feats, pos, cache, None)           # [m, H]
         r = min(m - 1, PROBE_ROWS) if check else 0
-        logits = self.head.draft_logits(self.target, out[m - 1 - r:]).float()       # [r + 1, V]
+        self._check = None
+        self._hits = self._rows = 0
         if r > 0:
-            top = logits[:-1].argmax(dim=-1).cpu()                                  # [r]
-            if self.head.draft_vocab is not None:
-                top = self.head.draft_vocab.cpu()[top]
-            self._hits = int((top == torch.tensor(list(nxt[m - r:]))).sum())
-            self._rows = r
-        else:
-            self._hits = self._rows = 0
+            truth = [int(t) for t in nxt[m - r:]]
+            rows = out[m - 1 - r:m - 1]                                              # [r, H]
+            self._check = (rows, truth)
+            self._hits, self._rows = self._bound_hits(rows, truth, context), r
+        logits = self.head.draft_logits(self.target, out[m - 1:]).float()           # [1, V]
         return out[-1], torch.log_softmax(logits[-1], dim=-1)                      # [H], [V]
+
+    def check_vocab(self, truth: Sequence[int], context: Sequence[int]) -> torch.Tensor:
+        """The target ids a probe's bound compares: the tokens to be matched, the context's tokens
+        and CHECK_SPREAD ids spread evenly over the vocabulary, restricted to the head's draft
+        vocabulary where it has one. Sorted, unique; [S]."""
+        vocab = self.target.vocab_size
+        spread = range(0, vocab, max(1, vocab // CHECK_SPREAD))
+        ids = torch.tensor(sorted({int(t) for t in truth} | {int(t) for t in context[-CHECK_CONTEXT:]}
+                                  | set(spread)), dtype=torch.long)
+        ids = ids[(ids >= 0) & (ids < vocab)]
+        if self.head.draft_vocab is not None:
+            ids = ids[torch.isin(ids, self.head.draft_vocab.cpu())]
+        return ids
+
+    def _bound_hits(self, rows: torch.Tensor, truth: Sequence[int], context: Sequence[int]) -> int:
+        """An upper bound of how many rows [r, H] predict their `truth` token as top-1, from the
+        logits of `check_vocab` only (a few hundred rows of the output layer instead of all of
+        it): a token that is the arg-max over the whole vocabulary is also the arg-max over any
+        subset holding it, and a token outside the draft vocabulary is never drafted."""
+        ids = self.check_vocab(truth, context)
+        if ids.numel() == 0:
+            return 0
+        lm = LMHead.of(self.target, self.target.dtype).subset(ids)
+        logits = lm(rows).float()                                                    # [r, S]
+        where = torch.searchsorted(ids, torch.tensor(truth, dtype=torch.long))     # [r]
+        present = (where < ids.numel()) & (ids[where.clamp(max=ids.numel() - 1)] == torch.tensor(truth))
+        own = logits.gather(1, where.clamp(max=ids.numel() - 1).to(logits.device)[:, None])[:, 0].cpu()
+        return int((present & (own >= logits.max(dim=-1).values.cpu())).sum())
+
+    def _exact_hits(self) -> None:
+        """Replace the probe's bound by the exact count: the rows' top-1 over the whole (draft)
+        vocabulary against the tokens that followed."""
+        if self._check is None:
+            return
+        rows, truth = self._check
+        self._check = None
+        top = self.head.draft_logits(self.target, rows).float().argmax(dim=-1).cpu()   # [r]
+        if self.head.draft_vocab is not None:
+            top = self.head.draft_vocab.cpu()[top]
+        self._hits = int((top == torch.tensor(truth)).sum())
 
     @torch.inference_mode()
     def catch_up(self, committed: Sequence[int], root: int, check: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -234,7 +290,7 @@ class Eagle2Drafter:
         acceptance, teacher-forced."""
         feats, nxt, start = self._pending_pairs(committed, root)
         self._pending = []
-        return self._feed(feats, nxt, start, self.cache, check)
+        return self._feed(feats, nxt, start, self.cache, check, context=committed)
 
     @torch.inference_mode()
     def scratch_check(self, committed: Sequence[int], root: int) -> None:
@@ -245,7 +301,8 @@ class Eagle2Drafter:
         feats, nxt, start = self._pending_pairs(committed, root)
         w = min(SCRATCH_WINDOW, feats.shape[0])
         m = feats.shape[0]
-        self._feed(feats[m - w:], nxt[m - w:], start + m - w, slab_cache(self.head.config), check=True)
+        self._feed(feats[m - w:], nxt[m - w:], start + m - w, slab_cache(self.head.config), check=True,
+                   context=committed)
 
     def draft(self, ctx: DraftContext) -> EagleDraft:
         """The step's EAGLE-2 draft after ctx.root, within the step's node cap (what `propose`, and
@@ -286,8 +343,12 @@ class Eagle2Drafter:
                 return EagleDraft(DraftTree.root_only(root), refusal)
         self._probing = False
         stable = self.kv_len
+        step_fn, expand = self._step_fn(stable), None
+        self._cut = None
+        if cost is not None:
+            step_fn, expand = self._timed(step_fn, cost), self._expand_rule(cost, cfg, t0)
         try:
-            tree = expand_tree(self._step_fn(stable), root, f, logp, cfg, vocab=self.head.draft_vocab)
+            tree = expand_tree(step_fn, root, f, logp, cfg, vocab=self.head.draft_vocab, expand=expand)
         finally:
             added = self.kv_len - stable
             if added > 0:
@@ -295,6 +356,41 @@ class Eagle2Drafter:
         if cost is None:
             return EagleDraft(tree)
         return self._plan(tree, cost, (time.perf_counter() - t0) * 1000)
+
+    @staticmethod
+    def _timed(step_fn: StepFn, cost: CostModel) -> StepFn:
+        """`step_fn` that reports each layer's wall time to the cost model (source DEPTH_SOURCE)."""
+        def timed(*args):
+            t = time.perf_counter()
+            out = step_fn(*args)
+            cost.draft_ms(DEPTH_SOURCE, (time.perf_counter() - t) * 1000)
+            return out
+        return timed
+
+    def _expand_rule(self, cost: CostModel, cfg: TreeConfig, t0: float) -> ExpandRule:
+        """The cost model's depth cut: grow another layer only if it could raise the step's
+        expected tokens per millisecond. The next layer's nodes are children of the frontier, so
+        their calibrated probabilities add up to at most κ·Σ exp(frontier score) (every later
+        layer's to no more); a layer costs the median recent layer time. Another layer can pay
+        only if that bound per layer-millisecond beats the best rate the nodes so far reach (their
+        plan, with the drafting time spent so far); extra verify cost is ignored, so the cut is
+        optimistic: it never stops a layer whose nodes the plan would have wanted."""
+        curve, kappa = cost.curve(), self.kappa
+
+        def expand(scores: Sequence[float], frontier: Sequence[float]) -> bool:
+            layer_ms = cost.draft_ms(DEPTH_SOURCE)
+            if layer_ms <= 0.0:
+                return True                       # no layer timed yet in this request
+            probs = sorted((min(1.0, kappa * math.exp(sc)) for sc in scores), reverse=True)
+            spent = (time.perf_counter() - t0) * 1000
+            now = plan_size(probs, curve, spent, max_size=cfg.total_tokens)
+            bound = kappa * sum(math.exp(sc) for sc in frontier)
+            grow = bound / layer_ms > now.expected_tokens / now.cost_ms
+            if not grow:
+                self._cut = (len(scores), bound, layer_ms)
+            return grow
+
+        return expand
 
     def _step_fn(self, stable: int) -> StepFn:
         """The search's step over the head's cache of `stable` context rows (see StepFn)."""
@@ -324,19 +420,31 @@ class Eagle2Drafter:
         """After a catch-up with `check`: would a one-token draft at the head's observed top-1 rate
         (hits / (rows + 2): cautious, so a handful of rows cannot switch a head on by luck) beat a
         plain step, with drafting costing at least what this probe did? None if so; otherwise the
-        head sits out longer and the decision says why."""
-        acc = self._hits / (self._rows + 2.0)
-        draft_ms = max(cost.draft_ms("eagle"), probe_ms)
-        plan = SizePlan.at([acc], 2, cost.curve(), draft_ms)
+        head sits out longer and the decision says why. The catch-up's count is an upper bound
+        (a few hundred vocabulary rows); only when the bound says the head might pay are the rows
+        checked against the whole vocabulary, so a useless head is refused without ever paying
+        for the output layer."""
+        plan = self._one_token_plan(cost, probe_ms)
+        bound = self._check is not None
+        if plan.rate_vs_plain >= 1.0 + MIN_GAIN and bound:
+            self._exact_hits()
+            plan, bound = self._one_token_plan(cost, probe_ms), False
         if plan.rate_vs_plain >= 1.0 + MIN_GAIN:
             return None
+        self._check = None
         # a head that matched nothing over many rows is plainly useless: back off twice as fast
         self._misses += 2 if (self._hits == 0 and self._rows >= PROBE_ROWS // 2) else 1
         self._skip = min(MAX_SKIP, 2 ** self._misses)
+        matched = f"at most {self._hits}" if bound else f"{self._hits}"
         return AutoDecision(plan=plan, kept=1, probe_hits=self._hits, probe_rows=self._rows,
-                            reason=f"auto probe: the head's top-1 matched {self._hits} of the last "
+                            reason=f"auto probe: the head's top-1 matched {matched} of the last "
                                    f"{self._rows} tokens; a 1-token draft would run at "
                                    f"{plan.rate_vs_plain:.2f}x a plain step → head off for {self._skip} steps")
+
+    def _one_token_plan(self, cost: CostModel, probe_ms: float) -> SizePlan:
+        acc = self._hits / (self._rows + 2.0)
+        draft_ms = max(cost.draft_ms("eagle"), probe_ms)
+        return SizePlan.at([acc], 2, cost.curve(), draft_ms)
 
     def _plan(self, tree: DraftTree, cost: CostModel, draft_ms: float) -> EagleDraft:
         probs = eagle_node_probs(tree, self.kappa)
@@ -351,11 +459,16 @@ class Eagle2Drafter:
         else:
             self._misses = 0
         self._last_pred = sum(probs[i] for i in order[:plan.size - 1])
+        cut = ""
+        if self._cut is not None:
+            n, bound, layer_ms = self._cut
+            cut = (f"; grown to depth {max(tree.depths())} only: another layer would add at most "
+                   f"{bound:.2f} tokens for {layer_ms:.1f} ms")
         return EagleDraft(pruned, AutoDecision(
             plan=plan, kappa=self.kappa, context_offset_ms=cost.context_offset_ms,
             reason=f"auto: kept {plan.size - 1} of {tree.size - 1} nodes, expected "
                    f"{plan.expected_tokens:.2f} tokens/step at {plan.rate_vs_plain:.2f}x "
-                   f"a plain step (κ={self.kappa:.2f})"))
+                   f"a plain step (κ={self.kappa:.2f}){cut}"))
 
     def propose(self, ctx: DraftContext) -> Proposal:
         draft = self.draft(ctx)
