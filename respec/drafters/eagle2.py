@@ -6,13 +6,16 @@ Contract (ALGORITHMS.md §4):
 - Inputs are shifted by one: the head sees pairs (f_t, x_{t+1}), f_t the target's final-norm feature
   at committed position t. The pair (f_t, x_{t+1}) sits at head position t.
 - `expand_tree(step_fn, ...)` is the pure EAGLE-2 search (top-k expansion by cumulative log-prob to
-  depth D, global re-rank to total_tokens), testable with a fake `step_fn`.
+  depth D, global re-rank to total_tokens), testable with a fake `step_fn`; an optional `expand`
+  rule may stop it before any layer (the cost model's depth cut, `Eagle2Drafter._expand_rule`).
 - Several GPUs: the target's features arrive on its final norm's device and are moved to the
   head's in `catch_up` (and `step_fn`).
 - Auto budget (`TreeConfig.auto`): the tree is cut to the size that maximises expected tokens per
   millisecond by the one cost model every drafter uses (respec/cost.py), with node probabilities
-  = the head's cumulative confidence x its calibration κ; a head that does not pay is switched off
-  and probed cheaply (see `Eagle2Drafter`). The tree search returns an `EagleDraft`: the tree and
+  = the head's cumulative confidence x its calibration κ; the tree grows another layer only if
+  the frontier's calibrated mass could pay for the layer's measured time; a head that does not pay
+  is switched off and probed cheaply (an upper bound of its hits over a few hundred output rows
+  first; see `Eagle2Drafter`). The tree search returns an `EagleDraft`: the tree and
   the cost model's `AutoDecision` for it (None without a cost model); SAM and ReSpec call
   `Eagle2Drafter.draft(ctx)` for their fallback and read nothing else of it.
 """
@@ -153,7 +156,9 @@ class Eagle2Drafter:
     tokens / predicted, decayed). A head that does not earn its keep is switched off: after two
     unprofitable drafts in a row it sits out 2^misses steps (at most MAX_SKIP), queueing features
     at no cost; then a cheap probe (the catch-up alone, whose predictions over the queued positions
-    are checked against the committed tokens) decides whether even a one-token draft would pay
+    are checked against the committed tokens: first an upper bound over `check_vocab`'s few hundred
+    output rows, the whole output layer only where that bound could pay) decides whether even a
+    one-token draft would pay
     before any tree is grown. A request starts with such a probe, so a random head never drafts;
     over a long queue (the prompt, or many steps off) the probe first runs the head on the last
     SCRATCH_WINDOW positions only, in a throwaway cache: a head that matches none of them stays
