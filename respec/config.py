@@ -131,13 +131,17 @@ class TreeConfig:
                                  # load, shifted by what this request's steps really cost, x each
                                  # drafter's calibrated acceptance), down to no draft; a head that
                                  # does not pay is switched off. The sizes below are then maxima
+    depth_cut: bool = True       # with auto: grow an EAGLE tree's next layer only if it could pay
+                                 # (respec/drafters/eagle2.py `_expand_rule`); false = always `depth`
 
     def __post_init__(self) -> None:
-        if not isinstance(self.auto, bool):
-            if isinstance(self.auto, (int, float)) and self.auto in (0, 1):
-                object.__setattr__(self, "auto", bool(self.auto))
-            else:
-                raise ConfigError(f"TreeConfig.auto must be true or false, got {self.auto!r}")
+        for name in ("auto", "depth_cut"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                if isinstance(value, (int, float)) and value in (0, 1):
+                    object.__setattr__(self, name, bool(value))
+                else:
+                    raise ConfigError(f"TreeConfig.{name} must be true or false, got {value!r}")
         _validate_ranges(self)
 
 

@@ -263,3 +263,12 @@ def test_the_depth_cut_keeps_eagle2_lossless_and_says_why_in_the_decision():
     draft = d.draft_tree(prompt, 7, cost=cm)
     assert "grown to depth 1 only: another layer would add at most" in draft.auto.reason
     assert draft.tree.size == 1 or max(draft.tree.depths()) == 1
+    # tree.depth_cut=false (the ablation): every layer is grown whatever it costs
+    from respec.config import EngineConfig
+    full_cfg = EngineConfig().with_overrides({"tree.depth": 4, "tree.top_k": 4, "tree.total_tokens": 16,
+                                              "tree.auto": True, "tree.depth_cut": False}).tree
+    d2 = Eagle2Drafter(target, random_head(target), full_cfg)
+    d2.reset(prompt, target.prefill(prompt).hidden)
+    d2._probing = False
+    draft = d2.draft_tree(prompt, 7, cost=cm)
+    assert "grown to depth" not in draft.auto.reason

@@ -350,7 +350,7 @@ class Eagle2Drafter:
         stable = self.kv_len
         step_fn, expand = self._step_fn(stable), None
         self._cut = None
-        if cost is not None:
+        if cost is not None and cfg.depth_cut:
             step_fn, expand = self._timed(step_fn, cost), self._expand_rule(cost, cfg, t0)
         try:
             tree = expand_tree(step_fn, root, f, logp, cfg, vocab=self.head.draft_vocab, expand=expand)
