@@ -272,3 +272,27 @@ def test_the_depth_cut_keeps_eagle2_lossless_and_says_why_in_the_decision():
     d2._probing = False
     draft = d2.draft_tree(prompt, 7, cost=cm)
     assert "grown to depth" not in draft.auto.reason
+
+
+def test_a_head_that_earns_its_keep_sits_out_no_step_for_a_run_of_unprofitable_drafts():
+    """Two unprofitable drafts in a row switch the head off only if its drafting steps have, on
+    balance (tokens committed per drafting + verify ms, decayed), run slower than plain steps."""
+    from respec.config import TreeConfig
+    from respec.drafters.eagle2 import Eagle2Drafter
+    from respec.drafters.eagle_head import random_head
+    target = make_target("llama", seed=0)
+    cm = CostModel(lambda n: dict(AMX), max_size=8)                  # a plain step: 50 ms
+    # worth verifying once drafted (1.5 tokens for one verify), but not worth 40 ms of drafting
+    unprofitable = DraftTree.from_parents([5, 6], [-1, 0], "eagle", scores=[0.0, math.log(0.5)])
+
+    def two_misses(tokens: float, ms: float) -> int:
+        d = Eagle2Drafter(target, random_head(target), TreeConfig(total_tokens=8, depth=2, top_k=2, auto=True))
+        d._earned_tokens, d._earned_ms = tokens, ms
+        for _ in range(2):
+            plan = d._plan(unprofitable, cm, draft_ms=40.0).auto.plan
+            assert plan.size == 2 and plan.rate_vs_plain < 1.0
+        return d._skip
+
+    assert not Eagle2Drafter(target, random_head(target), TreeConfig()).earns_keep(cm), "no drafts yet"
+    assert two_misses(30.0, 600.0) == 0, "20 ms per token beats a 50 ms plain step: keep drafting"
+    assert two_misses(10.0, 1000.0) == 4, "100 ms per token: sit out 2^2 steps, then probe"

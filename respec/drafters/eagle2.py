@@ -135,6 +135,7 @@ MAX_SKIP = 64      # longest stretch of steps the head sits out before the next 
 SCRATCH_WINDOW = 64  # a probe over a longer queue checks the head on this many last positions first
 CHECK_CONTEXT = 256  # a probe's bound compares the committed text's last this many tokens ...
 CHECK_SPREAD = 512   # ... and about this many ids spread over the vocabulary
+EARN_DECAY = 0.97   # per drafting step: the head's earnings are judged over its last ~30 drafts
 DEPTH_SOURCE = "eagle layer"   # the cost model's record of one tree layer's drafting time
 
 
@@ -154,7 +155,9 @@ class Eagle2Drafter:
     With a cost model (`tree.auto`), each tree is cut to the size that pays (respec/cost.py), node
     probabilities being the head's cumulative confidence times its calibration κ (realised accepted
     tokens / predicted, decayed). A head that does not earn its keep is switched off: after two
-    unprofitable drafts in a row it sits out 2^misses steps (at most MAX_SKIP), queueing features
+    unprofitable drafts in a row, if its drafting steps have on balance run slower than plain steps
+    (tokens committed over drafting + verify ms, decayed by EARN_DECAY per draft, its unprofitable
+    drafts included: `earns_keep`), it sits out 2^misses steps (at most MAX_SKIP), queueing features
     at no cost; then a cheap probe (the catch-up alone, whose predictions over the queued positions
     are checked against the committed tokens: first an upper bound over `check_vocab`'s few hundred
     output rows, the whole output layer only where that bound could pay) decides whether even a
@@ -182,6 +185,8 @@ class Eagle2Drafter:
         self._skip = 0
         self._probing = True
         self._last_pred: float | None = None
+        self._drafted_ms: float | None = None     # this step's drafting time, when the head grew a tree
+        self._earned_tokens = self._earned_ms = 0.0   # its drafting steps' committed tokens and ms, decayed
         self._hits = self._rows = 0               # the last catch-up's top-1 check (a bound until exact)
         self._cut: tuple[int, float, float] | None = None   # the last tree's depth cut (nodes, bound, ms)
         self._check: tuple[torch.Tensor, list[int]] | None = None   # its rows [r, H] and tokens
@@ -206,7 +211,10 @@ class Eagle2Drafter:
         if self._last_pred is not None and outcome.proposal.source == "eagle":
             self._pred_sum = 0.9 * self._pred_sum + self._last_pred
             self._real_sum = 0.9 * self._real_sum + outcome.verdict.num_accepted
-        self._last_pred = None
+        if self._drafted_ms is not None:           # the head grew a tree this step (kept or not)
+            self._earned_tokens = EARN_DECAY * self._earned_tokens + len(outcome.committed)
+            self._earned_ms = EARN_DECAY * self._earned_ms + self._drafted_ms + outcome.verify_ms
+        self._last_pred = self._drafted_ms = None
 
     def _pending_pairs(self, committed: Sequence[int], root: int) -> tuple[torch.Tensor, list[int], int]:
         """The queued features [m, H] (on the head's device), the token that follows each (the
@@ -451,14 +459,25 @@ class Eagle2Drafter:
         draft_ms = max(cost.draft_ms("eagle"), probe_ms)
         return SizePlan.at([acc], 2, cost.curve(), draft_ms)
 
+    def earns_keep(self, cost: CostModel) -> bool:
+        """Whether the head's drafting steps have committed tokens faster than plain steps would
+        have (decayed sums over every step it grew a tree, unprofitable ones included); False
+        before it has drafted. A good head's run of unprofitable drafts then costs only those
+        drafts (cut early by the depth rule) instead of a sit-out that also skips the confident
+        steps after it; a head whose drafting does not pay on balance still backs off."""
+        if self._earned_ms <= 0.0:
+            return False
+        return self._earned_tokens / self._earned_ms >= 1.0 / cost.plain_ms()
+
     def _plan(self, tree: DraftTree, cost: CostModel, draft_ms: float) -> EagleDraft:
         probs = eagle_node_probs(tree, self.kappa)
         order = ancestor_closed_order(tree.parents, probs)
         plan = cost.plan("eagle", [probs[i] for i in order], draft_ms)
         pruned = tree.subtree(order[:plan.size - 1])
+        self._drafted_ms = draft_ms
         if plan.rate_vs_plain < 1.0:
             self._misses += 1
-            if self._misses >= 2:
+            if self._misses >= 2 and not self.earns_keep(cost):
                 self._skip = min(MAX_SKIP, 2 ** self._misses)
                 self._probing = True
         else:
