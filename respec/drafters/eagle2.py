@@ -32,6 +32,7 @@ import torch
 from respec.config import TreeConfig
 from respec.cost import MIN_GAIN, AutoDecision, CostModel, SizePlan, ancestor_closed_order, plan_size
 from respec.drafters.base import Decision, DraftContext, Proposal, StepOutcome
+from respec.drafters.probe import bound_hits, check_vocab
 # The head's public names stay importable from here for respec.train, respec.cli and scripts/.
 from respec.drafters.eagle_head import (EagleHead, LMHead, load_eagle_head, random_head,  # noqa: F401
                                         resolve_head_dir, save_eagle_head)
@@ -133,8 +134,6 @@ def eagle_node_probs(tree: DraftTree, kappa: float) -> list[float]:
 PROBE_ROWS = 16    # catch-up rows whose head predictions are checked against the committed text
 MAX_SKIP = 64      # longest stretch of steps the head sits out before the next probe
 SCRATCH_WINDOW = 64  # a probe over a longer queue checks the head on this many last positions first
-CHECK_CONTEXT = 256  # a probe's bound compares the committed text's last this many tokens ...
-CHECK_SPREAD = 512   # ... and about this many ids spread over the vocabulary
 EARN_DECAY = 0.97   # per drafting step: the head's earnings are judged over its last ~30 drafts
 DEPTH_SOURCE = "eagle layer"   # the cost model's record of one tree layer's drafting time
 
@@ -159,7 +158,7 @@ class Eagle2Drafter:
     (tokens committed over drafting + verify ms, decayed by EARN_DECAY per draft, its unprofitable
     drafts included: `earns_keep`), it sits out 2^misses steps (at most MAX_SKIP), queueing features
     at no cost; then a cheap probe (the catch-up alone, whose predictions over the queued positions
-    are checked against the committed tokens: first an upper bound over `check_vocab`'s few hundred
+    are checked against the committed tokens: first an upper bound over a few hundred (respec/drafters/probe.py)
     output rows, the whole output layer only where that bound could pay) decides whether even a
     one-token draft would pay
     before any tree is grown. A request starts with such a probe, so a random head never drafts;
@@ -236,7 +235,7 @@ class Eagle2Drafter:
         Returns f̂ [H] and log-probs [V] at the last position. With `check`, keeps the last
         PROBE_ROWS positions' predicted features and the tokens that followed them for the probe,
         and sets `self._hits` of `self._rows` to an upper bound of their top-1 matches computed over
-        a small vocabulary (`check_vocab`, with `context` for candidates): exact later only if the
+        a few hundred output rows (respec/drafters/probe.py, with `context` for candidates): exact later only if the
         bound says the head might pay (`_exact_hits`)."""
         m = feats.shape[0]
         dev = self.target.device
@@ -250,37 +249,10 @@ class Eagle2Drafter:
             truth = [int(t) for t in nxt[m - r:]]
             rows = out[m - 1 - r:m - 1]                                              # [r, H]
             self._check = (rows, truth)
-            self._hits, self._rows = self._bound_hits(rows, truth, context), r
+            ids = check_vocab(self.target.vocab_size, truth, context, self.head.draft_vocab)
+            self._hits, self._rows = bound_hits(LMHead.of(self.target, self.target.dtype), rows, truth, ids), r
         logits = self.head.draft_logits(self.target, out[m - 1:]).float()           # [1, V]
         return out[-1], torch.log_softmax(logits[-1], dim=-1)                      # [H], [V]
-
-    def check_vocab(self, truth: Sequence[int], context: Sequence[int]) -> torch.Tensor:
-        """The target ids a probe's bound compares: the tokens to be matched, the context's tokens
-        and CHECK_SPREAD ids spread evenly over the vocabulary, restricted to the head's draft
-        vocabulary where it has one. Sorted, unique; [S]."""
-        vocab = self.target.vocab_size
-        spread = range(0, vocab, max(1, vocab // CHECK_SPREAD))
-        ids = torch.tensor(sorted({int(t) for t in truth} | {int(t) for t in context[-CHECK_CONTEXT:]}
-                                  | set(spread)), dtype=torch.long)
-        ids = ids[(ids >= 0) & (ids < vocab)]
-        if self.head.draft_vocab is not None:
-            ids = ids[torch.isin(ids, self.head.draft_vocab.cpu())]
-        return ids
-
-    def _bound_hits(self, rows: torch.Tensor, truth: Sequence[int], context: Sequence[int]) -> int:
-        """An upper bound of how many rows [r, H] predict their `truth` token as top-1, from the
-        logits of `check_vocab` only (a few hundred rows of the output layer instead of all of
-        it): a token that is the arg-max over the whole vocabulary is also the arg-max over any
-        subset holding it, and a token outside the draft vocabulary is never drafted."""
-        ids = self.check_vocab(truth, context)
-        if ids.numel() == 0:
-            return 0
-        lm = LMHead.of(self.target, self.target.dtype).subset(ids)
-        logits = lm(rows).float()                                                    # [r, S]
-        where = torch.searchsorted(ids, torch.tensor(truth, dtype=torch.long))     # [r]
-        present = (where < ids.numel()) & (ids[where.clamp(max=ids.numel() - 1)] == torch.tensor(truth))
-        own = logits.gather(1, where.clamp(max=ids.numel() - 1).to(logits.device)[:, None])[:, 0].cpu()
-        return int((present & (own >= logits.max(dim=-1).values.cpu())).sum())
 
     def _exact_hits(self) -> None:
         """Replace the probe's bound by the exact count: the rows' top-1 over the whole (draft)
