@@ -39,11 +39,17 @@ def test_default_model_answers_sensibly(vanilla):
     assert "def " in vanilla["code"].text
 
 
+@pytest.mark.parametrize("settings", ["fixed trees", "device defaults"])
 @pytest.mark.parametrize("method", ["eagle2", "sam"])
 @pytest.mark.parametrize("name", list(PROMPTS))
-def test_strict_methods_are_lossless_on_the_default_model(runner, vanilla, method, name):
-    cfg = EngineConfig().with_overrides({"method": method, "max_new_tokens": 64, "tree.total_tokens": 12,
-                                         "tree.depth": 3, "tree.top_k": 4, "sam.n_predicts": 16})
+def test_strict_methods_are_lossless_on_the_default_model(runner, vanilla, method, name, settings):
+    """"fixed trees": 12-node trees, no cost model; "device defaults": what the CLI and the app run
+    (tree.auto with the depth cut, the probes and the earnings check, the shipped head drafting)."""
+    if settings == "fixed trees":
+        cfg = EngineConfig().with_overrides({"method": method, "max_new_tokens": 64, "tree.total_tokens": 12,
+                                             "tree.depth": 3, "tree.top_k": 4, "sam.n_predicts": 16})
+    else:
+        cfg = runner.config(method=method, max_new_tokens=64)
     out = runner.generate(PROMPTS[name], cfg)
     ref = vanilla[name]
     div = first_divergence(ref.tokens, out.tokens)

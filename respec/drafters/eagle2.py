@@ -122,12 +122,17 @@ def capped_tree_config(cfg: TreeConfig, max_nodes: int) -> TreeConfig:
     return dataclasses.replace(cfg, total_tokens=max(1, max_nodes))
 
 
+def calibrated(scores: Sequence[float], kappa: float) -> list[float]:
+    """Acceptance probability of nodes with cumulative log-probs `scores`: exp(score) times the
+    head's calibration κ, capped at 1 (a monotone map, so children stay <= parents)."""
+    return [min(1.0, kappa * math.exp(s)) for s in scores]
+
+
 def eagle_node_probs(tree: DraftTree, kappa: float) -> list[float]:
-    """Acceptance probability of each node (root first, 1): the head's cumulative probability
-    exp(score) times its calibration κ, capped at 1 (a monotone map, so children stay <= parents)."""
+    """Acceptance probability of each node of an EAGLE tree (root first, 1): `calibrated` scores."""
     if not tree.scores:
         return [1.0] + [0.0] * (tree.size - 1)
-    return [1.0] + [min(1.0, kappa * math.exp(s)) for s in tree.scores[1:]]
+    return [1.0] + calibrated(tree.scores[1:], kappa)
 
 
 # ---------------------------------------------------------------------------- the drafter
@@ -158,10 +163,9 @@ class Eagle2Drafter:
     (tokens committed over drafting + verify ms, decayed by EARN_DECAY per draft, its unprofitable
     drafts included: `earns_keep`), it sits out 2^misses steps (at most MAX_SKIP), queueing features
     at no cost; then a cheap probe (the catch-up alone, whose predictions over the queued positions
-    are checked against the committed tokens: first an upper bound over a few hundred (respec/drafters/probe.py)
-    output rows, the whole output layer only where that bound could pay) decides whether even a
-    one-token draft would pay
-    before any tree is grown. A request starts with such a probe, so a random head never drafts;
+    are checked against the committed tokens: first an upper bound over a few hundred output rows,
+    respec/drafters/probe.py, the whole output layer only where that bound could pay) decides
+    whether even a one-token draft would pay before any tree is grown. A request starts with such a probe, so a random head never drafts;
     over a long queue (the prompt, or many steps off) the probe first runs the head on the last
     SCRATCH_WINDOW positions only, in a throwaway cache: a head that matches none of them stays
     off with the queue unfed; any other is fed the whole queue and judged with its full context."""
@@ -187,7 +191,7 @@ class Eagle2Drafter:
         self._drafted_ms: float | None = None     # this step's drafting time, when the head grew a tree
         self._earned_tokens = self._earned_ms = 0.0   # its drafting steps' committed tokens and ms, decayed
         self._hits = self._rows = 0               # the last catch-up's top-1 check (a bound until exact)
-        self._cut: tuple[int, float, float] | None = None   # the last tree's depth cut (nodes, bound, ms)
+        self._cut: tuple[float, float] | None = None   # the last tree's depth cut (bound, layer ms)
         self._check: tuple[torch.Tensor, list[int]] | None = None   # its rows [r, H] and tokens
 
     @property
@@ -235,8 +239,8 @@ class Eagle2Drafter:
         Returns f̂ [H] and log-probs [V] at the last position. With `check`, keeps the last
         PROBE_ROWS positions' predicted features and the tokens that followed them for the probe,
         and sets `self._hits` of `self._rows` to an upper bound of their top-1 matches computed over
-        a few hundred output rows (respec/drafters/probe.py, with `context` for candidates): exact later only if the
-        bound says the head might pay (`_exact_hits`)."""
+        a few hundred output rows (respec/drafters/probe.py, `context` supplying candidates); the
+        exact count follows only if the bound says the head might pay (`_exact_hits`)."""
         m = feats.shape[0]
         dev = self.target.device
         tok = torch.tensor(list(nxt), dtype=torch.long, device=dev)
@@ -250,7 +254,8 @@ class Eagle2Drafter:
             rows = out[m - 1 - r:m - 1]                                              # [r, H]
             self._check = (rows, truth)
             ids = check_vocab(self.target.vocab_size, truth, context, self.head.draft_vocab)
-            self._hits, self._rows = bound_hits(LMHead.of(self.target, self.target.dtype), rows, truth, ids), r
+            lm = LMHead.of(self.target, self.target.dtype)
+            self._hits, self._rows = bound_hits(lm, rows, truth, ids), r
         logits = self.head.draft_logits(self.target, out[m - 1:]).float()           # [1, V]
         return out[-1], torch.log_softmax(logits[-1], dim=-1)                      # [H], [V]
 
@@ -366,13 +371,13 @@ class Eagle2Drafter:
             layer_ms = cost.draft_ms(DEPTH_SOURCE)
             if layer_ms <= 0.0:
                 return True                       # no layer timed yet in this request
-            probs = sorted((min(1.0, kappa * math.exp(sc)) for sc in scores), reverse=True)
+            probs = sorted(calibrated(scores, kappa), reverse=True)
             spent = (time.perf_counter() - t0) * 1000
             now = plan_size(probs, curve, spent, max_size=cfg.total_tokens)
             bound = kappa * sum(math.exp(sc) for sc in frontier)
             grow = bound / layer_ms > now.expected_tokens / now.cost_ms
             if not grow:
-                self._cut = (len(scores), bound, layer_ms)
+                self._cut = (bound, layer_ms)
             return grow
 
         return expand
@@ -457,7 +462,7 @@ class Eagle2Drafter:
         self._last_pred = sum(probs[i] for i in order[:plan.size - 1])
         cut = ""
         if self._cut is not None:
-            n, bound, layer_ms = self._cut
+            bound, layer_ms = self._cut
             cut = (f"; grown to depth {max(tree.depths())} only: another layer would add at most "
                    f"{bound:.2f} tokens for {layer_ms:.1f} ms")
         return EagleDraft(pruned, AutoDecision(
