@@ -30,7 +30,7 @@ from app.history import History, HistoryRow, HistoryStore
 from app.runs import plan_methods
 from app.settings import SPECS, Caps
 from app.state import SessionState
-from app.text import DIFF_COLORS
+from app.text import DIFF_COLORS, STOPPED
 from app.traces import session_dir
 from respec.config import flatten_settings
 
@@ -67,6 +67,15 @@ def _repeats(value: Any) -> int:
     return max(1, min(MAX_REPEATS, n))
 
 
+def _after_stop(update: dict[str, Any], state: SessionState) -> dict[str, Any]:
+    """An update held back one step, as it may go out once Stop was pressed: its status says
+    stopped. (Stop cancels the stream at its next yield, which may be the one that sends this
+    held update; a stale "▶ step 1" there would stay on screen instead of the stop.)"""
+    if state.stop_requested and "status" in update:
+        return {**update, "status": STOPPED}
+    return update
+
+
 def compare_with_history(hub, caps: Caps, prompt: str, values: Mapping[str, Any], include_vanilla: bool,
                          show_rejected: bool, teaching: bool, state: SessionState, model: str | None,
                          repeats: Any = 1, metric: str = "tokens/s") -> Iterator[dict[str, Any]]:
@@ -91,13 +100,13 @@ def compare_with_history(hub, caps: Caps, prompt: str, values: Mapping[str, Any]
             if n > 1 and isinstance(status, str) and not status.startswith("⚠"):
                 update = {**update, "status": f"repeat {i + 1}/{n} · {status}"}
             if last is not None:
-                yield last
+                yield _after_stop(last, state)
             last = update
         fresh = all(k in state.runs and state.runs[k].origin == "live"
                     and not any(state.runs[k] is old for old in before) for k in plan)
         if state.stop_requested or not fresh or i + 1 < n:
             if last is not None:
-                yield last
+                yield _after_stop(last, state)
             if state.stop_requested or not fresh:
                 return                        # failed or stopped: no row
         done.append({k: state.runs[k].result for k in plan})

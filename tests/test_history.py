@@ -279,3 +279,24 @@ def test_a_failed_run_adds_no_row_and_restore_gives_back_a(hub):
     assert set(restored) == {s.key for s in history.SPECS} | {"tree.auto"}
     views = tuning.history_views(st, hub)
     assert views["history_csv"]["visible"] and views["history_csv"]["value"].endswith(".csv")
+
+
+def test_an_update_held_back_when_stop_is_pressed_goes_out_as_stopped(hub, monkeypatch):
+    """Regression (flaky browser test: after Stop the status stayed "▶ ReSpec: step 1, 2 tokens"):
+    compare_with_history holds each update back one step, so the stream's update from before Stop
+    went out after it, and Stop's cancellation could end the stream right there. Every update sent
+    once Stop was pressed must say stopped."""
+    from app import handlers
+    from app.text import STOPPED
+    st = SessionState()
+
+    def compare_stream(hub_, caps, prompt, values, include_vanilla, show_rejected, teaching, state, model=None):
+        yield {"status": "▶ ReSpec: step 1, 2 tokens", "respec_out": "partial"}
+        state.stop_requested = True                      # Stop pressed between two updates
+        yield {"status": STOPPED}
+
+    monkeypatch.setattr(handlers, "compare_stream", compare_stream)
+    ups = list(tuning.compare_with_history(hub, CAPS, REPEAT, {}, True, False, False, st, None))
+    assert [u["status"] for u in ups] == [STOPPED, STOPPED]
+    assert ups[0]["respec_out"] == "partial", "only the status of the held update changes"
+    assert not st.history.rows, "a stopped run adds no row"
