@@ -8,6 +8,7 @@ import pytest
 
 from respec.cost import (MIN_GAIN, OFFSET_WINDOW, ContinuationEstimator, CostModel, ancestor_closed_order,
                          interpolate_cost, plan_size, trie_node_probs)
+from respec.drafters.eagle2 import DEPTH_SOURCE
 from respec.tree import DraftTree
 from tests.conftest import make_target, run
 
@@ -131,7 +132,30 @@ def test_a_head_that_predicts_well_passes_its_probe_and_drafts():
     assert refusal is not None and d._skip == 4 and refusal.kept == 1, "0 of 16: back off fast"
     assert refusal.to_dict()["kept"] == 1, "the trace records the head switched off"
     d._hits, d._rows = 1, 16
-    assert d._probe_refusal(cm, probe_ms=5.0) is not None and d._skip == 8, "1 of 16 does not pay for a 5 ms draft"
+    cm.draft_ms(DEPTH_SOURCE, 5.0)                 # the request's tree layers take 5 ms
+    assert d._probe_refusal(cm) is not None and d._skip == 8, "1 of 16 does not pay for a 5 ms draft"
+
+
+def test_a_probe_charges_a_one_row_draft_not_its_own_catch_up(monkeypatch):
+    """A probe's catch-up (a long prompt, a long sit-out) is paid once; what a one-token draft costs
+    from then on is one head row: the request's median layer time, else the head's row cost."""
+    from respec.config import TreeConfig
+    from respec.drafters.eagle2 import Eagle2Drafter
+    from respec.drafters.eagle_head import random_head
+    target = make_target("llama", seed=0)
+    head = random_head(target)
+    ms = head.row_ms(target)
+    assert 0.0 < ms < 1000.0 and head.row_ms(target) == ms, "timed once per head and target, then cached"
+    d = Eagle2Drafter(target, head, TreeConfig(total_tokens=8, depth=2, top_k=2, auto=True))
+    cm = CostModel(lambda n: dict(NO_AMX), max_size=8)
+    monkeypatch.setattr(head, "row_ms", lambda t: 3.0)
+    d._hits, d._rows = 8, 16
+    plan = d._one_token_plan(cm)
+    assert plan.cost_ms == pytest.approx(NO_AMX[2] + 3.0) and plan.expected_tokens == pytest.approx(1 + 8 / 18)
+    cm.draft_ms(DEPTH_SOURCE, 6.0)
+    assert d._one_token_plan(cm).cost_ms == pytest.approx(NO_AMX[2] + 6.0), "a timed layer replaces the row cost"
+    d._hits = 0
+    assert d._one_token_plan(cm).cost_ms == pytest.approx(NO_AMX[2]), "no hits: refused without timing anything"
 
 
 def test_cost_model_drives_every_method_and_the_trace_records_prediction_and_outcome():

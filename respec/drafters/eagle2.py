@@ -321,14 +321,13 @@ class Eagle2Drafter:
             # first, and feed the whole queue only if it is worth drafting with
             self.scratch_check(committed, root)
             if self._hits == 0:              # matched nothing even there: off, the queue unfed
-                return EagleDraft(DraftTree.root_only(root),
-                                  self._probe_refusal(cost, (time.perf_counter() - t0) * 1000))
+                return EagleDraft(DraftTree.root_only(root), self._probe_refusal(cost))
             # some hits: judge it with its full context (a short window must not turn a good head off)
             f, logp = self.catch_up(committed, root, check=True)
         else:
             f, logp = self.catch_up(committed, root, check=probing)
         if probing:
-            refusal = self._probe_refusal(cost, (time.perf_counter() - t0) * 1000)
+            refusal = self._probe_refusal(cost)
             if refusal is not None:
                 return EagleDraft(DraftTree.root_only(root), refusal)
         self._probing = False
@@ -406,19 +405,19 @@ class Eagle2Drafter:
 
         return step_fn
 
-    def _probe_refusal(self, cost: CostModel, probe_ms: float = 0.0) -> AutoDecision | None:
+    def _probe_refusal(self, cost: CostModel) -> AutoDecision | None:
         """After a catch-up with `check`: would a one-token draft at the head's observed top-1 rate
         (hits / (rows + 2): cautious, so a handful of rows cannot switch a head on by luck) beat a
-        plain step, with drafting costing at least what this probe did? None if so; otherwise the
+        plain step, at what such a draft costs (`_one_token_plan`)? None if so; otherwise the
         head sits out longer and the decision says why. The catch-up's count is an upper bound
         (a few hundred vocabulary rows); only when the bound says the head might pay are the rows
         checked against the whole vocabulary, so a useless head is refused without ever paying
         for the output layer."""
-        plan = self._one_token_plan(cost, probe_ms)
+        plan = self._one_token_plan(cost)
         bound = self._check is not None
         if plan.rate_vs_plain >= 1.0 + MIN_GAIN and bound:
             self._exact_hits()
-            plan, bound = self._one_token_plan(cost, probe_ms), False
+            plan, bound = self._one_token_plan(cost), False
         if plan.rate_vs_plain >= 1.0 + MIN_GAIN:
             return None
         self._check = None
@@ -431,9 +430,18 @@ class Eagle2Drafter:
                                    f"{self._rows} tokens; a 1-token draft would run at "
                                    f"{plan.rate_vs_plain:.2f}x a plain step → head off for {self._skip} steps")
 
-    def _one_token_plan(self, cost: CostModel, probe_ms: float) -> SizePlan:
+    def _one_token_plan(self, cost: CostModel) -> SizePlan:
+        """A one-token draft at the probe's top-1 rate (without drafting cost when even a free
+        draft would not pay). Such a draft costs one head row: the
+        request's median tree-layer time once a layer has been timed, else the head's row cost
+        timed once per head (`EagleHead.row_ms`). The probe's own catch-up is not charged: feeding
+        a long queue (the prompt, or a long sit-out) is paid once, whatever the decision, and
+        later drafts feed only the last step's few positions."""
         acc = self._hits / (self._rows + 2.0)
-        draft_ms = max(cost.draft_ms("eagle"), probe_ms)
+        free = SizePlan.at([acc], 2, cost.curve())
+        if free.rate_vs_plain < 1.0 + MIN_GAIN:
+            return free              # would not pay even if drafting were free: nothing to time
+        draft_ms = cost.draft_ms(DEPTH_SOURCE) or self.head.row_ms(self.target)
         return SizePlan.at([acc], 2, cost.curve(), draft_ms)
 
     def earns_keep(self, cost: CostModel) -> bool:

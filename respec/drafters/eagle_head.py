@@ -118,6 +118,29 @@ class EagleHead(nn.Module):
             self._draft_lm = (target, LMHead.of(target, target.dtype).subset(self.draft_vocab))
         return self._draft_lm[1](out)
 
+    @torch.inference_mode()
+    def row_ms(self, target: TargetModel, reps: int = 3) -> float:
+        """Milliseconds of the head's smallest draft: one row through the layer (a throwaway cache)
+        and the draft output layer, the fastest of `reps` after a warm-up. Measured once per head
+        and target, like the target's verify-cost curve, and cached."""
+        cached = getattr(self, "_row_ms", None)
+        if cached is not None and cached[0] is target:
+            return cached[1]
+        import time
+        from respec.models.kv import slab_cache
+        dev = target.device
+        emb = target.embed(torch.zeros(1, dtype=torch.long, device=dev))                  # [1, H]
+        pos = torch.zeros(1, dtype=torch.long, device=dev)
+        best = float("inf")
+        for i in range(reps + 1):
+            t0 = time.perf_counter()
+            out = self(emb, emb, pos, slab_cache(self.config), None)                          # [1, H]
+            torch.topk(torch.log_softmax(self.draft_logits(target, out).float(), dim=-1), 1)
+            if i:                                   # the first call of a shape pays allocation
+                best = min(best, (time.perf_counter() - t0) * 1000)
+        self._row_ms = (target, best)
+        return best
+
     def forward(self, emb: torch.Tensor, feat: torch.Tensor, positions: torch.Tensor,
                 cache: DynamicCache, mask: torch.Tensor | None) -> torch.Tensor:
         """emb, feat: [q, H]; positions: [q]; mask: [1, 1, q, kv_len + q] additive or None (causal).
