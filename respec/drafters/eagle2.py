@@ -165,7 +165,9 @@ class Eagle2Drafter:
     at no cost; then a cheap probe (the catch-up alone, whose predictions over the queued positions
     are checked against the committed tokens: first an upper bound over a few hundred output rows,
     respec/drafters/probe.py, the whole output layer only where that bound could pay) decides
-    whether even a one-token draft would pay before any tree is grown. A request starts with such a probe, so a random head never drafts;
+    whether even a one-token draft would pay before any tree is grown (such a draft is charged one
+    head row, never the probe's own catch-up, which is paid once). A request starts with such a
+    probe, so a random head never drafts;
     over a long queue (the prompt, or many steps off) the probe first runs the head on the last
     SCRATCH_WINDOW positions only, in a throwaway cache: a head that matches none of them stays
     off with the queue unfed; any other is fed the whole queue and judged with its full context."""
