@@ -38,6 +38,7 @@ from respec.drafters.eagle_head import (EagleHead, LMHead, load_eagle_head, rand
                                         resolve_head_dir, save_eagle_head)
 from respec.models.attention import additive_mask
 from respec.models.base import TargetModel
+from respec.models.compat import cuda_devices, synchronize
 from respec.models.kv import slab_cache
 from respec.tree import DraftTree
 
@@ -181,6 +182,7 @@ class Eagle2Drafter:
         self.tree_cfg = tree
         self.cache = slab_cache(head.config)
         self._pending: list[torch.Tensor] = []   # each [m_i, H]: features of committed positions
+        self._cuda = cuda_devices(head)          # synchronised around timed layers (empty on the CPU)
         self._reset_auto()
 
     def _reset_auto(self) -> None:
@@ -337,7 +339,7 @@ class Eagle2Drafter:
         step_fn, expand = self._step_fn(stable), None
         self._cut = None
         if cost is not None and cfg.depth_cut:
-            step_fn, expand = self._timed(step_fn, cost), self._expand_rule(cost, cfg, t0)
+            step_fn, expand = self._timed(step_fn, cost, self._cuda), self._expand_rule(cost, cfg, t0)
         try:
             tree = expand_tree(step_fn, root, f, logp, cfg, vocab=self.head.draft_vocab, expand=expand)
         finally:
@@ -349,11 +351,13 @@ class Eagle2Drafter:
         return self._plan(tree, cost, (time.perf_counter() - t0) * 1000)
 
     @staticmethod
-    def _timed(step_fn: StepFn, cost: CostModel) -> StepFn:
-        """`step_fn` that reports each layer's wall time to the cost model (source DEPTH_SOURCE)."""
+    def _timed(step_fn: StepFn, cost: CostModel, devices: tuple[torch.device, ...]) -> StepFn:
+        """`step_fn` that reports each layer's wall time to the cost model (source DEPTH_SOURCE),
+        waiting for `devices` (the head's GPUs) so a layer's time is its kernels', not their launch."""
         def timed(*args):
             t = time.perf_counter()
             out = step_fn(*args)
+            synchronize(devices)
             cost.draft_ms(DEPTH_SOURCE, (time.perf_counter() - t) * 1000)
             return out
         return timed
@@ -434,17 +438,16 @@ class Eagle2Drafter:
 
     def _one_token_plan(self, cost: CostModel) -> SizePlan:
         """A one-token draft at the probe's top-1 rate (without drafting cost when even a free
-        draft would not pay). Such a draft costs one head row: the
-        request's median tree-layer time once a layer has been timed, else the head's row cost
-        timed once per head (`EagleHead.row_ms`). The probe's own catch-up is not charged: feeding
+        draft would not pay). Such a draft costs one head row: the request's median tree-layer time
+        once a layer has been timed, else the head's row cost timed once per head (`EagleHead.row_ms`). The probe's own catch-up is not charged: feeding
         a long queue (the prompt, or a long sit-out) is paid once, whatever the decision, and
         later drafts feed only the last step's few positions."""
-        acc = self._hits / (self._rows + 2.0)
-        free = SizePlan.at([acc], 2, cost.curve())
+        acc, curve = self._hits / (self._rows + 2.0), cost.curve()
+        free = SizePlan.at([acc], 2, curve)
         if free.rate_vs_plain < 1.0 + MIN_GAIN:
             return free              # would not pay even if drafting were free: nothing to time
         draft_ms = cost.draft_ms(DEPTH_SOURCE) or self.head.row_ms(self.target)
-        return SizePlan.at([acc], 2, cost.curve(), draft_ms)
+        return SizePlan.at([acc], 2, curve, draft_ms)
 
     def earns_keep(self, cost: CostModel) -> bool:
         """Whether the head's drafting steps have committed tokens faster than plain steps would

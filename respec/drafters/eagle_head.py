@@ -23,6 +23,7 @@ The drafter that runs the head (catch-up, tree search, auto budget) is respec/dr
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,7 @@ from respec.errors import ModelLoadError
 from respec.models.attention import additive_mask
 from respec.models.base import TargetModel
 from respec.models.compat import pass_cache_as
+from respec.models.kv import slab_cache
 
 _HEAD_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
               "rms_norm_eps", "rope_theta", "rope_parameters", "max_position_embeddings", "hidden_act",
@@ -108,6 +110,7 @@ class EagleHead(nn.Module):
         self.rotary = LlamaRotaryEmbedding(config)
         self.draft_vocab: torch.Tensor | None = None  # [Vd] target ids the head drafts (None = all)
         self._draft_lm: tuple[TargetModel, LMHead] | None = None    # the rows for draft_vocab, cached
+        self._row_ms: tuple[TargetModel, float] | None = None         # row_ms's measurement, cached
 
     def draft_logits(self, target: TargetModel, out: torch.Tensor) -> torch.Tensor:
         """Logits of predicted features out [q, H] over the draft vocabulary: [q, V] (all target
@@ -123,11 +126,8 @@ class EagleHead(nn.Module):
         """Milliseconds of the head's smallest draft: one row through the layer (a throwaway cache)
         and the draft output layer, the fastest of `reps` after a warm-up. Measured once per head
         and target, like the target's verify-cost curve, and cached."""
-        cached = getattr(self, "_row_ms", None)
-        if cached is not None and cached[0] is target:
-            return cached[1]
-        import time
-        from respec.models.kv import slab_cache
+        if self._row_ms is not None and self._row_ms[0] is target:
+            return self._row_ms[1]
         dev = target.device
         emb = target.embed(torch.zeros(1, dtype=torch.long, device=dev))                  # [1, H]
         pos = torch.zeros(1, dtype=torch.long, device=dev)
@@ -135,7 +135,8 @@ class EagleHead(nn.Module):
         for i in range(reps + 1):
             t0 = time.perf_counter()
             out = self(emb, emb, pos, cache, None)                                             # [1, H]
-            torch.topk(torch.log_softmax(self.draft_logits(target, out).float(), dim=-1), 1)
+            top = torch.topk(torch.log_softmax(self.draft_logits(target, out).float(), dim=-1), 1)
+            top.indices.cpu()                       # read back, as a draft does (waits for a GPU)
             if i:                                   # the first call of a shape pays allocation
                 best = min(best, (time.perf_counter() - t0) * 1000)
             cache.crop(-1)
