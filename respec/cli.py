@@ -91,12 +91,12 @@ def cmd_generate(args) -> int:
 
 
 def _questions(args):
-    """The Spec-Bench selection of `bench` and `sweep` (--questions, --categories, --limit-per-category)."""
+    """The Spec-Bench selection of `bench` and `sweep` (--questions, --categories, --split, --limit-per-category)."""
     from respec.bench import load_questions
     cats = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
     if args.limit_per_category is not None and args.limit_per_category < 1:
         raise ConfigError("--limit-per-category must be >= 1")
-    return load_questions(args.questions, cats, args.limit_per_category)
+    return load_questions(args.questions, cats, args.limit_per_category, split=args.split)
 
 
 def cmd_bench(args) -> int:
@@ -190,7 +190,7 @@ def cmd_train_eagle(args) -> int:
     out = Path(args.out)
     check_out_dir(out, args.resume, checkpoint=not args.generate_only)   # before the model loads
     target = load_target(args.target, device=args.device, dtype=args.dtype)
-    last = run_pipeline(target, out, pc, tc, resume=args.resume, progress=not args.quiet)
+    last = run_pipeline(target, out, pc, tc, resume=args.resume, progress=not args.quiet, publish=args.publish)
     if not args.generate_only:
         print(f"EAGLE head written to {out} (config.json + model.safetensors; log {out}/training_log.jsonl)")
         if "val_top1" in last:
@@ -219,6 +219,8 @@ def _add_common(sp: argparse.ArgumentParser) -> None:
 def _add_selection(sp: argparse.ArgumentParser) -> None:
     """The Spec-Bench subset of `bench` and `sweep` (see `_questions`)."""
     sp.add_argument("--categories", default=None)
+    sp.add_argument("--split", default="all", choices=("all", "even", "odd"),
+                    help="questions by question_id parity: tune on 'even', report on 'odd' (default all)")
     sp.add_argument("--limit-per-category", type=int, default=None)
 
 
@@ -278,6 +280,10 @@ def _add_train_eagle(sub) -> None:
     t.add_argument("--device", default="auto")
     t.add_argument("--dtype", default="auto")
     t.add_argument("--resume", action="store_true", help="continue the checkpoint in --out")
+    t.add_argument("--publish", default=None, metavar="DIR",
+                   help="write the head (bf16, published layout, with training.json) to DIR whenever validation "
+                        "top-1 beats the best recorded there on the same validation set, e.g. the shipped head's "
+                        "assets/eagle/<model>/, so a restart resumes with --init-from DIR")
     _add_train_settings(t)
     _add_train_data(t)
     t.add_argument("--quiet", action="store_true", help="no progress bars")

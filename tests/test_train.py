@@ -384,3 +384,42 @@ def test_passage_prompts_wrap_offline_passages_in_long_context_tasks(tmp_path):
         PipelineConfig(passage_prompts=-2).validate()
     with pytest.raises(ConfigError, match="text-window"):
         PipelineConfig(text_window=4).validate()
+
+
+def test_publish_writes_each_better_head_in_bf16_and_a_resumed_run_keeps_the_best(llama_data, tmp_path):
+    """--publish DIR: a head that beats the best validation top-1 recorded in DIR (same validation
+    set) is written there in bf16 with training.json; a second run starting from it (the restart on a
+    new machine: --init-from DIR --publish DIR) replaces it only with a better head."""
+    from respec.train.trainer import PUBLISHED
+    target, store = llama_data
+    pub = tmp_path / "shipped"
+    cfg = TrainConfig(steps=120, batch_size=8, lr=3e-3, warmup=10, eval_every=40, save_every=40,
+                      val_fraction=0.15, seed=0)
+    msgs: list[str] = []
+    train_eagle(target, store.examples(), tmp_path / "a", cfg, progress=False, log=msgs.append, publish=pub)
+    evals = [r for r in _log(tmp_path / "a") if r["event"] != "init"]
+    info = json.loads((pub / PUBLISHED).read_text())
+    best = max(evals, key=lambda r: r["val_top1"])
+    assert info["val_top1"] == best["val_top1"] and info["step"] == best["step"]
+    assert info["val_examples"] > 0 and len(info["val_fingerprint"]) == 16
+    assert any(m.startswith("published the head") for m in msgs)
+    from safetensors.torch import load_file
+    assert {v.dtype for k, v in load_file(str(pub / "model.safetensors")).items()} == {torch.bfloat16}
+    head = load_eagle_head(pub, target)                      # loads as any shipped head
+    prompt = list(store.examples()[0].ids[:store.examples()[0].start])
+    assert run(target, "eagle2", prompt, head=head, max_new_tokens=24).tokens == \
+        run(target, "vanilla", prompt, max_new_tokens=24).tokens
+
+    # a restart from the published head at a tiny learning rate: nothing better, nothing replaced
+    before = (pub / "model.safetensors").read_bytes()
+    again = dataclasses.replace(cfg, steps=40, lr=1e-9, warmup=0, init_from=str(pub))
+    msgs.clear()
+    train_eagle(target, store.examples(), tmp_path / "b", again, progress=False, log=msgs.append, publish=pub)
+    rec = [r for r in _log(tmp_path / "b") if r["event"] != "init"]
+    assert all(r["val_top1"] <= info["val_top1"] for r in rec)
+    assert (pub / "model.safetensors").read_bytes() == before
+    assert not any(m.startswith("published the head") for m in msgs)
+    # another validation set (another split fraction) does not compare against the recorded figure
+    other = dataclasses.replace(again, val_fraction=0.3)
+    train_eagle(target, store.examples(), tmp_path / "c", other, progress=False, log=msgs.append, publish=pub)
+    assert json.loads((pub / PUBLISHED).read_text())["val_fingerprint"] != info["val_fingerprint"]

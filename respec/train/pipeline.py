@@ -155,6 +155,7 @@ def generate_self_instruct(target, store: ResponseStore, pc: PipelineConfig, gua
 
 
 def run_pipeline(target, out_dir: str | Path, pc: PipelineConfig, tc: TrainConfig, *, resume: bool = False,
+                 publish: str | Path | None = None,
                  progress: bool = True, log=None) -> dict:
     log = log or (lambda m: print(m, file=sys.stderr))
     pc.validate()
@@ -184,4 +185,4 @@ def run_pipeline(target, out_dir: str | Path, pc: PipelineConfig, tc: TrainConfi
         examples = examples + text
     if not examples:
         raise RespecError(f"no training data: no responses in {store.dir} and --text-tokens is 0")
-    return train_eagle(target, examples, out_dir, tc, resume=resume, progress=progress, log=log)
+    return train_eagle(target, examples, out_dir, tc, resume=resume, progress=progress, log=log, publish=publish)

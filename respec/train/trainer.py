@@ -30,6 +30,13 @@ Out dir (required: nothing is written into the repository by default): `checkpoi
 optimizer + step + RNG, written atomically every `save_every` steps and at the end),
 `training_log.jsonl` (one JSON line per evaluation), `train_config.json`, and the final head files.
 `resume=True` continues from the checkpoint's step (to a possibly larger `steps`).
+
+Publishing (`publish=DIR`, e.g. the shipped head's directory in the repository): whenever a
+validation pass beats the best validation top-1 recorded for the same validation examples, the head
+is written there in bfloat16 in the published layout, with `training.json` (step, epoch, validation
+figures, the validation set's fingerprint, when). The best so far is read from that file, so a run
+resumed on another machine (`--init-from DIR --publish DIR`) replaces the head only by a better one.
+Committing the directory is the caller's business; training never runs git.
 """
 from __future__ import annotations
 
@@ -272,6 +279,8 @@ class _Run:
     pos: int = 0
     sums: dict = field(default_factory=_zero_sums)
     t0: float = 0.0                         # perf_counter at the start of training (log's elapsed_s)
+    publish: Path | None = None             # where a head that beats the best validation top-1 is written
+    best_top1: float = -1.0                 # the best validation top-1 published so far (same val set)
 
 
 def _usable_split(examples: Sequence[Example], cfg: TrainConfig) -> tuple[list[Example], list[Example]]:
@@ -351,11 +360,56 @@ def _record(run: _Run, event: str) -> dict:
     with open(run.out / LOG, "a", encoding="utf-8") as fh:
         fh.write(json.dumps(rec) + "\n")
     run.sums = _zero_sums()
+    if run.publish is not None and v and run.step > 0 and v["top1"] > run.best_top1:
+        _publish(run, rec)
     run.log(f"[{event}] step {run.step} epoch {run.epoch}: "
             + (f"train loss {rec['train_loss']:.4f} top1 {rec['train_top1']:.3f}" if c else "untrained")
             + (f" | val loss {rec['val_loss']:.4f} top1 {rec['val_top1']:.3f} ({rec['val_tokens']} tok)" if v else "")
             + "".join(f" depth{d + 1} {rec[f'val_top1_depth{d + 1}']:.3f}" for d in range(1, cfg.ttt_depth) if v))
     return rec
+
+
+PUBLISHED = "training.json"
+
+
+def val_fingerprint(val: Sequence[Example], max_len: int) -> str:
+    """A short hash of the validation examples (keys and the token ids within max_len): two runs'
+    validation top-1 are comparable only when these agree."""
+    import hashlib
+    h = hashlib.sha256()
+    for e in val:
+        h.update(e.key.encode("utf-8"))
+        h.update(json.dumps(list(e.ids[:max_len])).encode("ascii"))
+    return h.hexdigest()[:16]
+
+
+def published_top1(publish: Path, fingerprint: str) -> float:
+    """The validation top-1 of the head already published in `publish` on the same validation set
+    (`fingerprint`), or -1 when there is none or it was measured on other examples."""
+    try:
+        rec = json.loads((publish / PUBLISHED).read_text())
+    except (OSError, ValueError):
+        return -1.0
+    if rec.get("val_fingerprint") != fingerprint or not isinstance(rec.get("val_top1"), (int, float)):
+        return -1.0
+    return float(rec["val_top1"])
+
+
+def _publish(run: _Run, rec: dict) -> None:
+    """Write the head (bfloat16, published layout) and its training.json into run.publish."""
+    import copy
+    from respec.drafters.eagle2 import save_eagle_head
+
+    head = copy.deepcopy(run.head).to(torch.bfloat16)
+    head.draft_vocab = run.head.draft_vocab
+    save_eagle_head(head, run.publish)
+    fp = val_fingerprint(run.val, run.cfg.max_len)
+    info = {"step": run.step, "epoch": run.epoch, "val_fingerprint": fp, "val_examples": len(run.val),
+            **{k: rec[k] for k in rec if k.startswith("val_")},
+            "init_from": run.cfg.init_from, "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    atomic_write_text(run.publish / PUBLISHED, json.dumps(info, indent=2) + "\n")
+    run.best_top1 = rec["val_top1"]
+    run.log(f"published the head to {run.publish} (val top-1 {rec['val_top1']:.4f} at step {run.step})")
 
 
 def _train_step(run: _Run, batch: list[Example]) -> dict:
@@ -412,8 +466,9 @@ def _train_loop(run: _Run, last: dict, progress: bool) -> dict:
 
 
 def train_eagle(target, examples: Sequence[Example], out_dir: str | Path, cfg: TrainConfig, *,
-                resume: bool = False, progress: bool = True, log=print) -> dict:
-    """Train an EAGLE head for `target` on `examples`; write checkpoint, log and the head to out_dir.
+                resume: bool = False, progress: bool = True, log=print, publish: str | Path | None = None) -> dict:
+    """Train an EAGLE head for `target` on `examples`; write checkpoint, log and the head to out_dir,
+    and every head that improves validation top-1 to `publish` (see the module docstring).
     Returns the last log record. Raises ConfigError / RespecError on bad input."""
     from respec.drafters.eagle2 import save_eagle_head
 
@@ -426,6 +481,9 @@ def train_eagle(target, examples: Sequence[Example], out_dir: str | Path, cfg: T
     if resume:
         state, cfg = _load_checkpoint(out / CHECKPOINT, slug, cfg, log)
     run = _start_run(target, cfg, state, data, slug, out, log, progress)
+    if publish is not None:
+        run.publish = Path(publish)
+        run.best_top1 = published_top1(run.publish, val_fingerprint(run.val, cfg.max_len))
     _write_train_config(run)
     run.t0 = time.perf_counter()
     last = _record(run, "init") if state is None else {}
