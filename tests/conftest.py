@@ -81,3 +81,16 @@ class OracleDrafter:
         cap = min(len(tokens), ctx.max_nodes)
         tree = DraftTree.from_parents(tokens[:cap], parents[:cap], self.source)
         return Proposal(tree=tree, source=self.source)
+
+
+def inject_costs(monkeypatch, target, curve: dict[int, float], row_ms: float) -> None:
+    """Decisions from given costs, not the clock: the target's verify-cost curve is `curve`, a head
+    row costs `row_ms`, and observed step times do not shift the curve. A test that reads the clock
+    has a verdict that depends on the machine (the tiny models' steps cost about the same at every
+    size, so a draft's rate sits near 1.0x and flips with noise)."""
+    from respec.cost import CostModel
+    from respec.drafters.eagle_head import EagleHead
+    monkeypatch.setattr(target, "verify_cost_curve",
+                        lambda max_size=64, **_: {n: ms for n, ms in curve.items() if n <= max(max_size, 2)})
+    monkeypatch.setattr(CostModel, "observe", lambda self, size, verify_ms: None)
+    monkeypatch.setattr(EagleHead, "row_ms", lambda self, target, reps=3: row_ms)

@@ -10,7 +10,7 @@ from respec.cost import (MIN_GAIN, OFFSET_WINDOW, ContinuationEstimator, CostMod
                          interpolate_cost, plan_size, trie_node_probs)
 from respec.drafters.eagle2 import DEPTH_SOURCE
 from respec.tree import DraftTree
-from tests.conftest import make_target, run
+from tests.conftest import inject_costs, make_target, run
 
 AMX = {1: 50.0, 2: 50.0, 4: 51.0, 8: 55.0, 16: 70.0, 32: 100.0}       # flat: 16 tokens ≈ 1.4 steps
 NO_AMX = {1: 50.0, 2: 56.0, 4: 62.0, 8: 75.0, 16: 100.0, 32: 150.0}   # steep: 16 tokens = 2 steps
@@ -102,10 +102,12 @@ def test_continuation_estimator_counts_trials_along_the_accepted_path():
     assert est.rate(9) == est.rate(8)
 
 
-def test_a_random_head_is_switched_off_at_its_first_probe_and_stays_lossless():
+def test_a_random_head_is_switched_off_at_its_first_probe_and_stays_lossless(monkeypatch):
     """A useless head costs a plain step: it never grows a tree, and probes (catch-up only) get
-    rarer and rarer."""
+    rarer and rarer. Costs are injected (NO_AMX, a 5 ms head row), so the verdict is the same on
+    every machine."""
     target = make_target("llama", seed=0)
+    inject_costs(monkeypatch, target, NO_AMX, row_ms=5.0)
     prompt = [5, 17, 33, 9, 71, 4, 88, 12] * 3
     ref = run(target, "vanilla", prompt, max_new_tokens=80)
     out = run(target, "eagle2", prompt, max_new_tokens=80, **{"tree.auto": True, "tree.total_tokens": 16,

@@ -10,7 +10,7 @@ from respec.config import TreeConfig
 from respec.drafters.eagle2 import Eagle2Drafter, expand_tree
 from respec.drafters.eagle_head import load_eagle_head, random_head, save_eagle_head
 from respec.errors import ModelLoadError
-from tests.conftest import make_target, run
+from tests.conftest import inject_costs, make_target, run
 
 PROMPT = [5, 17, 33, 9, 71, 4, 88, 12]
 
@@ -157,8 +157,9 @@ def test_bad_checkpoints_give_clear_errors(tmp_path):
             load_eagle_head(good, target)
 
 
-def test_auto_budget_with_a_random_head_mostly_skips_drafting_and_stays_lossless():
+def test_auto_budget_with_a_random_head_mostly_skips_drafting_and_stays_lossless(monkeypatch):
     target = make_target("llama", seed=0)
+    inject_costs(monkeypatch, target, {1: 50.0, 2: 56.0, 4: 62.0, 8: 75.0, 16: 100.0, 32: 150.0}, row_ms=5.0)
     ref = run(target, "vanilla", PROMPT, max_new_tokens=60)
     assert len(ref.tokens) == 60
     out = run(target, "eagle2", PROMPT, max_new_tokens=60, **{"tree.auto": True, "tree.total_tokens": 16,
