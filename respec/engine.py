@@ -112,6 +112,7 @@ class Engine:
         """1. Prefill the prompt; the first generated token is the target's choice after it.
         2. Reset the drafter: index the prompt, queue prompt features for EAGLE catch-up."""
         t0 = time.perf_counter()
+        self.target.use_features(self.drafter.feature_layers if self.drafter.needs_hidden else None)
         out = self.target.prefill(prompt)
         last = out.logits[-1]                                                   # [V]
         cfg = self.config

@@ -42,6 +42,7 @@ class OracleDrafter:
     mode "random": random tokens only; mode "partial": right for a random number of tokens, then wrong.
     """
     needs_hidden = False
+    feature_layers = None
 
     def __init__(self, reference: Sequence[int], prompt_len: int, mode: str, vocab: int,
                  depth: int = 4, width: int = 3, seed: int = 0, source: str = "eagle") -> None:

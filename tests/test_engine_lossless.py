@@ -129,7 +129,7 @@ def test_stops_at_eos_and_max_new_tokens():
 class TargetTopKDrafter:
     """Drafts the target's own top-3 tokens as siblings, each followed by the target's top-1 after
     it: plausible drafts that are sometimes accepted and sometimes rejected (exercises residuals)."""
-    name, needs_hidden = "topk", False
+    name, needs_hidden, feature_layers = "topk", False, None
 
     def __init__(self, copy):
         self.copy = copy

@@ -94,7 +94,7 @@ class StepOutcome:
     proposal: Proposal
     verdict: Verdict
     committed: Sequence[int]                 # root + accepted draft tokens
-    committed_hidden: torch.Tensor | None    # [len(committed), H] final-norm features (catch-up)
+    committed_hidden: torch.Tensor | None    # [len(committed), F] target features (catch-up; F = H, or 3H for EAGLE-3)
     next_root: int                           # the bonus / recovered token
     verify_ms: float | None = None           # wall time of this step's target forward + verification
 
@@ -102,6 +102,7 @@ class StepOutcome:
 class Drafter(Protocol):
     name: str
     needs_hidden: bool                       # whether the engine must return target features
+    feature_layers: tuple[int, ...] | None   # which: None = final norm; EAGLE-3 = these layers' inputs
 
     def reset(self, prompt: Sequence[int], prompt_hidden: torch.Tensor | None) -> None: ...
 

@@ -179,6 +179,7 @@ class Eagle2Drafter:
     def __init__(self, target: TargetModel, head: EagleHead, tree: TreeConfig) -> None:
         self.target = target
         self.head = head
+        self.feature_layers = head.feature_layers      # which target features the head reads (EAGLE-3)
         self.tree_cfg = tree
         self.cache = slab_cache(head.config)
         self._pending: list[torch.Tensor] = []   # each [m_i, H]: features of committed positions
@@ -258,8 +259,8 @@ class Eagle2Drafter:
             rows = out[m - 1 - r:m - 1]                                              # [r, H]
             self._check = (rows, truth)
             ids = check_vocab(self.target.vocab_size, truth, context, self.head.draft_vocab)
-            lm = LMHead.of(self.target, self.target.dtype)
-            self._hits, self._rows = bound_hits(lm, rows, truth, ids), r
+            logits = self.head.logits_over(self.target, rows, ids) if ids.numel() else rows.new_zeros(r, 0)
+            self._hits, self._rows = bound_hits(logits, truth, ids), r
         logits = self.head.draft_logits(self.target, out[m - 1:]).float()           # [1, V]
         return out[-1], torch.log_softmax(logits[-1], dim=-1)                      # [H], [V]
 

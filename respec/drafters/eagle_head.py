@@ -10,8 +10,10 @@ Contract (ALGORITHMS.md §4):
   is accepted and ignored). qkv bias and fc bias are inferred from the keys. `load_eagle_head` also
   takes a Hugging Face Hub id (downloaded with huggingface_hub where the Hub is reachable; one
   ModelLoadError where it is not). EAGLE-3 checkpoints (fused low/mid/high-layer features through
-  a 3 x hidden `fc`, a `midlayer`, their own lm_head) are recognised and refused with one
-  ModelLoadError; any other shape mismatch is a ModelLoadError too, never a raw RuntimeError.
+  a 3 x hidden `fc`, a `midlayer`, their own lm_head) are recognised and loaded by the same
+  `load_eagle_head` as an `Eagle3Head` (respec/drafters/eagle3_head.py: same interface, its
+  `feature_layers` name the target features it reads); any other shape mismatch is a
+  ModelLoadError, never a raw RuntimeError.
 - Several GPUs: the head sits on the target's embedding device (`_to_target`).
 - Optional reduced draft vocabulary (EAGLE-3's convention): a `d2t` tensor in the weights maps draft
   index i to target id i + d2t[i] (`t2d` is accepted and ignored). Such a head drafts only those
@@ -91,6 +93,8 @@ def _rope_theta(config: LlamaConfig) -> float:
 class EagleHead(nn.Module):
     """The EAGLE-1/2 draft head (one decoder layer). Forward works on one sequence."""
 
+    feature_layers: tuple[int, ...] | None = None   # target features read: None = final norm (EAGLE-3: layers)
+
     def __init__(self, config: LlamaConfig, *, qkv_bias: bool = False, fc_bias: bool = True) -> None:
         super().__init__()
         config = LlamaConfig(**{**config.to_dict(), "num_hidden_layers": 1})
@@ -121,6 +125,21 @@ class EagleHead(nn.Module):
             self._draft_lm = (target, LMHead.of(target, target.dtype).subset(self.draft_vocab))
         return self._draft_lm[1](out)
 
+    def logits_over(self, target: TargetModel, out: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Logits of out [r, H] for the target ids `ids` [S] only (inside the draft vocabulary):
+        [r, S]; the probe's cheap bound (respec/drafters/probe.py)."""
+        return LMHead.of(target, target.dtype).subset(ids)(out)
+
+    @staticmethod
+    def causal_mask(mask: torch.Tensor | None, x: torch.Tensor, cache: DynamicCache) -> torch.Tensor | None:
+        """`mask` as given, else for q > 1 rows x [1, q, H] the causal mask after the cache's rows
+        ([1, 1, q, kv + q] additive; SDPA's own causal flag would ignore the cached prefix)."""
+        if mask is None and x.shape[1] > 1:
+            q = x.shape[1]
+            causal = torch.ones(q, q, dtype=torch.bool, device=x.device).tril()                # [q, q]
+            mask = additive_mask(~causal, cache.get_seq_length(), x.dtype)                   # [1, 1, q, kv]
+        return mask
+
     @torch.inference_mode()
     def row_ms(self, target: TargetModel, reps: int = 3) -> float:
         """Milliseconds of the head's smallest draft: one row through the layer (a throwaway cache)
@@ -150,10 +169,7 @@ class EagleHead(nn.Module):
         x = self.fc(torch.cat([emb, feat.to(emb.dtype)], dim=-1))[None]           # [1, q, H]
         pos = positions[None]
         cos_sin = self.rotary(x, pos)
-        if mask is None and x.shape[1] > 1:
-            q = x.shape[1]
-            causal = torch.ones(q, q, dtype=torch.bool, device=x.device).tril()                # [q, q]
-            mask = additive_mask(~causal, cache.get_seq_length(), x.dtype)                   # [1, 1, q, kv]
+        mask = self.causal_mask(mask, x, cache)
         out = self.layers[0](x, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True,
                              position_embeddings=cos_sin)
         if isinstance(out, tuple):
@@ -211,11 +227,31 @@ def _eagle3_reason(raw: dict, state: dict, hidden: int) -> str | None:
     return None
 
 
+def _build_eagle_head(raw: dict, state: dict[str, torch.Tensor], target: TargetModel, where: str) -> EagleHead:
+    """An EAGLE-1/2 head from a published config.json (`raw`) and weights (`state`); ModelLoadError
+    on any mismatch, naming the first."""
+    cfg = LlamaConfig(**{k: v for k, v in raw.items() if k in _HEAD_KEYS})
+    if cfg.hidden_size != target.hidden_size:
+        raise ModelLoadError(f"EAGLE head at {where} has hidden size {cfg.hidden_size}, "
+                             f"but the target has {target.hidden_size}")
+    state = {k: v for k, v in state.items() if not k.startswith("embed_tokens") and k not in ("t2d", "d2t")}
+    head = EagleHead(cfg, qkv_bias="layers.0.self_attn.q_proj.bias" in state, fc_bias="fc.bias" in state)
+    try:
+        missing, unexpected = head.load_state_dict(state, strict=False)
+    except RuntimeError as exc:   # size mismatches: name the first one, not torch's whole report
+        detail = next((line.strip() for line in str(exc).splitlines() if "size mismatch" in line), str(exc)[:300])
+        raise ModelLoadError(f"EAGLE head at {where} does not match its config.json: {detail}") from None
+    missing = [k for k in missing if not k.startswith("rotary")]
+    if missing or unexpected:
+        raise ModelLoadError(f"EAGLE head at {where}: missing keys {missing}, unexpected keys {unexpected}")
+    return head
+
+
 def load_eagle_head(path: str | Path, target: TargetModel, dtype: torch.dtype | None = None) -> EagleHead:
-    """Load a published-format EAGLE-1/2 checkpoint (a directory with config.json + pytorch_model.bin
+    """Load a published-format EAGLE-1/2 or EAGLE-3 checkpoint (a directory with config.json + pytorch_model.bin
     or model.safetensors, or a Hub id: see resolve_head_dir) and cast it to the target's device and
-    dtype (`dtype`, e.g. float32 for fine-tuning, overrides the latter). EAGLE-3 heads and
-    checkpoints of another shape raise ModelLoadError."""
+    dtype (`dtype`, e.g. float32 for fine-tuning, overrides the latter). An EAGLE-3 checkpoint
+    comes back as an Eagle3Head; checkpoints of another shape raise ModelLoadError."""
     path = resolve_head_dir(path)
     cfg_file = path / "config.json"
     tried = [str(path / n) for n in ("pytorch_model.bin", "model.safetensors")]
@@ -234,40 +270,33 @@ def load_eagle_head(path: str | Path, target: TargetModel, dtype: torch.dtype | 
         raise
     except Exception as exc:  # torch.load / safetensors raise many types on corrupt files
         raise ModelLoadError(f"EAGLE head at {path} could not be read: {type(exc).__name__}: {exc}") from None
-    eagle3 = _eagle3_reason(raw, state, int(raw.get("hidden_size") or target.hidden_size))
-    if eagle3:
-        raise ModelLoadError(f"EAGLE head at {path} is an EAGLE-3 head ({eagle3}), which this engine does not "
-                             "run: pass an EAGLE-1/2 head (one decoder layer over fc(cat[embedding, feature])) or "
-                             "train one with `python -m respec train-eagle`.")
-    cfg = LlamaConfig(**{k: v for k, v in raw.items() if k in _HEAD_KEYS})
-    if cfg.hidden_size != target.hidden_size:
-        raise ModelLoadError(f"EAGLE head at {path} has hidden size {cfg.hidden_size}, "
-                             f"but the target has {target.hidden_size}")
-    state = {k: v for k, v in state.items() if not k.startswith("embed_tokens") and k != "t2d"}
-    d2t = state.pop("d2t", None)
-    head = EagleHead(cfg, qkv_bias="layers.0.self_attn.q_proj.bias" in state,
-                     fc_bias="fc.bias" in state)
-    try:
-        missing, unexpected = head.load_state_dict(state, strict=False)
-    except RuntimeError as exc:   # size mismatches: name the first one, not torch's whole report
-        detail = next((line.strip() for line in str(exc).splitlines() if "size mismatch" in line), str(exc)[:300])
-        raise ModelLoadError(f"EAGLE head at {path} does not match its config.json: {detail}") from None
-    missing = [k for k in missing if not k.startswith("rotary")]
-    if missing or unexpected:
-        raise ModelLoadError(f"EAGLE head at {path}: missing keys {missing}, unexpected keys {unexpected}")
+    d2t = state.get("d2t")
+    if _eagle3_reason(raw, state, int(raw.get("hidden_size") or target.hidden_size)):
+        from respec.drafters.eagle3_head import build_eagle3_head
+        head: EagleHead = build_eagle3_head(raw, state, target, str(path))
+    else:
+        head = _build_eagle_head(raw, state, target, str(path))
     if d2t is not None:
         vocab = torch.arange(d2t.numel()) + d2t.reshape(-1).long()
         n = target.model.get_output_embeddings().weight.shape[0]
         if vocab.numel() == 0 or int(vocab.min()) < 0 or int(vocab.max()) >= n or vocab.unique().numel() != vocab.numel():
             raise ModelLoadError(f"EAGLE head at {path}: its d2t draft vocabulary is not a set of distinct "
                                  f"ids of the target's {n}-token vocabulary")
+        if head.feature_layers is not None and vocab.numel() != head.lm_head.weight.shape[0]:
+            raise ModelLoadError(f"EAGLE-3 head at {path}: d2t has {vocab.numel()} entries, its lm_head "
+                                 f"{head.lm_head.weight.shape[0]} rows")
         head.draft_vocab = vocab
     return _to_target(head, target, dtype)
 
 
 def save_eagle_head(head: EagleHead, path: str | Path) -> None:
-    """Write `head` in the published layout: config.json + model.safetensors (no embed, no lm_head)."""
+    """Write `head` in the published layout: config.json + model.safetensors (no embed, no lm_head;
+    an Eagle3Head in the EAGLE-3 layout, with its own norm, lm_head, d2t and t2d)."""
     from safetensors.torch import save_file
+    if head.feature_layers is not None:
+        from respec.drafters.eagle3_head import save_eagle3_head
+        save_eagle3_head(head, path)
+        return
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     cfg = {k: v for k, v in head.config.to_dict().items() if k in _HEAD_KEYS and k != "rope_parameters"}

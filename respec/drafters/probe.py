@@ -14,8 +14,6 @@ from typing import Sequence
 
 import torch
 
-from respec.drafters.eagle_head import LMHead
-
 CHECK_CONTEXT = 256  # the committed text's last this many tokens are candidates ...
 CHECK_SPREAD = 512   # ... and about this many ids spread over the vocabulary
 
@@ -32,13 +30,13 @@ def check_vocab(vocab_size: int, truth: Sequence[int], context: Sequence[int],
     return ids
 
 
-def bound_hits(lm: LMHead, rows: torch.Tensor, truth: Sequence[int], ids: torch.Tensor) -> int:
-    """rows [r, H] (predicted features), truth [r] (the token that followed each), ids [S] from
-    `check_vocab`, lm the output layer's full rows -> how many rows' `truth` is the arg-max of
-    their logits over `ids` (an upper bound of the exact top-1 hits)."""
+def bound_hits(logits: torch.Tensor, truth: Sequence[int], ids: torch.Tensor) -> int:
+    """logits [r, S]: the head's logits of r predicted features over the ids [S] from
+    `check_vocab` only (`EagleHead.logits_over`), truth [r] (the token that followed each) -> how
+    many rows' `truth` is the arg-max over `ids` (an upper bound of the exact top-1 hits)."""
     if ids.numel() == 0:
         return 0
-    logits = lm.subset(ids)(rows).float()                                          # [r, S]
+    logits = logits.float()                                                        # [r, S]
     want = torch.tensor([int(t) for t in truth], dtype=torch.long)                 # [r]
     where = torch.searchsorted(ids, want).clamp(max=ids.numel() - 1)               # [r]
     present = ids[where] == want

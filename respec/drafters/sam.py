@@ -33,6 +33,7 @@ class SamDrafter:
 
     def __init__(self, eagle: Eagle2Drafter, cfg: SamConfig, stop_token_ids: frozenset[int] = frozenset()) -> None:
         self.eagle = eagle
+        self.feature_layers = eagle.feature_layers
         self.cfg = cfg
         self.stop = frozenset(stop_token_ids)
         self.sam = SuffixAutomaton()

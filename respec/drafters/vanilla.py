@@ -13,6 +13,7 @@ from respec.tree import DraftTree
 class VanillaDrafter:
     name = "vanilla"
     needs_hidden = False
+    feature_layers = None
 
     def reset(self, prompt: Sequence[int], prompt_hidden: torch.Tensor | None) -> None:
         pass

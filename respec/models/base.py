@@ -4,8 +4,10 @@ Contract: a TargetModel owns one request's KV cache. `prefill` feeds the prompt;
 feeds one DraftTree in ONE forward pass (4D tree attention mask, explicit position ids = kv_len +
 depth) without committing it; `keep(path)` then commits exactly the KV rows of the accepted path
 nodes (root first) and drops the rest, so the cache always equals that of the committed text.
-Logits are returned as float32 on the model's device; `hidden` are the final-norm features (the
-vector fed to lm_head), which the EAGLE head consumes. `verify_cost_curve` feeds the cost model
+Logits are returned as float32 on the model's device; `hidden` are the features the EAGLE head
+consumes: the final-norm features (the vector fed to lm_head), or, after
+`use_features(layers)`, the inputs of those decoder layers concatenated (EAGLE-3's fused
+low/mid/high features, [n, len(layers) x H]). `verify_cost_curve` feeds the cost model
 (respec/cost.py). Everything the engine, the drafters and the runner read of a target is declared
 here; respec/models/hf.py `HFTarget` is the implementation.
 """
@@ -25,7 +27,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class TargetOutput:
     logits: torch.Tensor             # [n, vocab] float32
-    hidden: torch.Tensor | None      # [n, hidden] final-norm features, model dtype
+    hidden: torch.Tensor | None      # [n, F] features (F = hidden, or layers x hidden: use_features), model dtype
 
 
 class TargetModel(Protocol):
@@ -46,6 +48,10 @@ class TargetModel(Protocol):
     def kv_len(self) -> int: ...
 
     def reset(self) -> None: ...
+
+    def use_features(self, layers: Sequence[int] | None) -> None:
+        """What `hidden` carries from the next forward on: None = the final-norm features; decoder
+        layer ids = the inputs of those layers, concatenated along the feature axis."""
 
     def prefill(self, tokens: Sequence[int]) -> TargetOutput:
         """Feed the prompt; logits for the LAST position only ([1, vocab]), hidden for all ([n, H])."""

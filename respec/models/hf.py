@@ -61,6 +61,9 @@ class HFTarget:
         self._pending: int = 0          # tree nodes fed by the last forward_tree, not yet kept
         self._cache_kw = cache_kwarg(self._base.forward)      # "cache" (5.24) or "past_key_values"
         self._cuda_devices = cuda_devices(model)              # synchronised around timed forwards
+        self.feature_layers: tuple[int, ...] | None = None    # use_features: None = final-norm features
+        self._captured: dict[int, torch.Tensor] = {}          # layer id -> its input in the last forward
+        self._hooks: list = []
 
     # ------------------------------------------------------------------ properties
     @property
@@ -100,8 +103,39 @@ class HFTarget:
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return self._embed(tokens.to(self.device))
 
+    def use_features(self, layers: Sequence[int] | None) -> None:
+        """`hidden` from now on: None = final-norm features; layer ids = those decoder layers'
+        inputs (forward pre-hooks, read back in the ids' order), concatenated: [n, len(ids) x H]."""
+        layers = None if layers is None else tuple(int(i) for i in layers)
+        if layers == self.feature_layers:
+            return
+        for h in self._hooks:
+            h.remove()
+        self._hooks, self._captured, self.feature_layers = [], {}, layers
+        if layers is None:
+            return
+        blocks = self._base.layers
+        bad = [i for i in layers if not 0 <= i < len(blocks)]
+        if bad:
+            raise ValueError(f"feature layers {bad} out of range: {self.name} has {len(blocks)} decoder layers")
+
+        def capture(i: int):
+            def hook(module, args, kwargs):
+                self._captured[i] = args[0] if args else kwargs["hidden_states"]
+            return hook
+
+        self._hooks = [blocks[i].register_forward_pre_hook(capture(i), with_kwargs=True) for i in sorted(set(layers))]
+
+    def _features(self, out) -> torch.Tensor:
+        """The last forward's `hidden` (see use_features): [n, H] or [n, len(layers) x H]."""
+        last = out.last_hidden_state[0]
+        if self.feature_layers is None:
+            return last
+        return torch.cat([self._captured[i][0].to(last.device) for i in self.feature_layers], dim=-1)
+
     def _forward(self, **kwargs):
         """The base model over the engine's cache, passed under the installed version's keyword."""
+        self._captured.clear()
         return self._base(**{self._cache_kw: self.cache}, use_cache=True, **kwargs)
 
     @torch.inference_mode()
@@ -111,7 +145,7 @@ class HFTarget:
         out = self._forward(input_ids=ids)
         hidden = out.last_hidden_state[0]                                            # [n, H]
         logits = self.lm_head(hidden[-1:]).float()                                   # [1, V]
-        return TargetOutput(logits=logits, hidden=hidden)
+        return TargetOutput(logits=logits, hidden=self._features(out))               # [n, F]
 
     @torch.inference_mode()
     def forward_tree(self, tree: DraftTree, need_hidden: bool = True) -> TargetOutput:
@@ -135,7 +169,7 @@ class HFTarget:
         self._pending = n
         hidden = out.last_hidden_state[0]                                            # [n, H]
         logits = self.lm_head(hidden).float()                                        # [n, V]
-        return TargetOutput(logits=logits, hidden=hidden if need_hidden else None)
+        return TargetOutput(logits=logits, hidden=self._features(out) if need_hidden else None)   # [n, F]
 
     COST_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 
