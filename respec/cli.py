@@ -205,7 +205,7 @@ def _add_common(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     sp.add_argument("--dtype", default="auto", help="auto | bfloat16 | float16 | float32")
     sp.add_argument("--head", default=None,
-                    help="EAGLE-1/2 head: a checkpoint directory or a Hugging Face Hub id (fetched where the "
+                    help="EAGLE-1/2 or EAGLE-3 head: a checkpoint directory or a Hugging Face Hub id (fetched where the "
                          "Hub is reachable)")
     sp.add_argument("--max-new-tokens", type=int, default=128)
     sp.add_argument("--set", action="append", metavar="KEY=VALUE",
