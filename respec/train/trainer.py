@@ -280,6 +280,7 @@ class _Run:
     sums: dict = field(default_factory=_zero_sums)
     t0: float = 0.0                         # perf_counter at the start of training (log's elapsed_s)
     publish: Path | None = None             # where a head that beats the best validation top-1 is written
+    data: dict = field(default_factory=dict)  # what the run trains on, for training.json (data_summary)
     best_top1: float = -1.0                 # the best validation top-1 published so far (same val set)
 
 
@@ -395,6 +396,20 @@ def published_top1(publish: Path, fingerprint: str) -> float:
     return float(rec["val_top1"])
 
 
+def responses_fingerprint(keys) -> str:
+    """A hash of the response records' keys (sorted): which self-distilled responses a head saw."""
+    import hashlib
+    return hashlib.sha256("\n".join(sorted(keys)).encode("utf-8")).hexdigest()[:16]
+
+
+def data_summary(examples: Sequence[Example]) -> dict:
+    """What a run trains and validates on: the response records (count and key fingerprint, to be
+    checked against the committed store) and the offline text windows (`text:` keys)."""
+    responses = [e.key for e in examples if not e.key.startswith("text:")]
+    return {"responses": len(responses), "responses_fingerprint": responses_fingerprint(responses),
+            "text_windows": len(examples) - len(responses)}
+
+
 def _publish(run: _Run, rec: dict) -> None:
     """Write the head (bfloat16, published layout) and its training.json into run.publish."""
     import copy
@@ -406,7 +421,7 @@ def _publish(run: _Run, rec: dict) -> None:
     fp = val_fingerprint(run.val, run.cfg.max_len)
     info = {"step": run.step, "epoch": run.epoch, "val_fingerprint": fp, "val_examples": len(run.val),
             **{k: rec[k] for k in rec if k.startswith("val_")},
-            "init_from": run.cfg.init_from, "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            "init_from": run.cfg.init_from, "data": run.data, "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     atomic_write_text(run.publish / PUBLISHED, json.dumps(info, indent=2) + "\n")
     run.best_top1 = rec["val_top1"]
     run.log(f"published the head to {run.publish} (val top-1 {rec['val_top1']:.4f} at step {run.step})")
@@ -482,7 +497,7 @@ def train_eagle(target, examples: Sequence[Example], out_dir: str | Path, cfg: T
         state, cfg = _load_checkpoint(out / CHECKPOINT, slug, cfg, log)
     run = _start_run(target, cfg, state, data, slug, out, log, progress)
     if publish is not None:
-        run.publish = Path(publish)
+        run.publish, run.data = Path(publish), data_summary(examples)
         run.best_top1 = published_top1(run.publish, val_fingerprint(run.val, cfg.max_len))
     _write_train_config(run)
     run.t0 = time.perf_counter()
