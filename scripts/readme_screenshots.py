@@ -13,16 +13,16 @@ PROMPT = "List the days of the week, one per line. Then list them again."
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description="Record the README's screenshots from a real run of the app "
+                                             "(needs playwright from requirements-dev.txt and /usr/bin/chromium)")
+    ap.add_argument("--prompt", default=PROMPT)
+    ap.add_argument("--out", default="docs/screenshots")
+    args = ap.parse_args()                   # before the test-only import: --help works with the runtime set
     from playwright.sync_api import expect, sync_playwright
 
     from app.handlers import ModelHub
     from app.settings import Caps
     from app.ui import build_demo, launch_kwargs
-
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--prompt", default=PROMPT)
-    ap.add_argument("--out", default="docs/screenshots")
-    args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     demo = build_demo(hub=ModelHub(), caps=Caps.from_env())

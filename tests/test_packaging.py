@@ -48,3 +48,20 @@ def test_pyproject_installs_the_packages_with_their_data():
         for pattern in patterns:
             if "*" not in pattern:
                 assert (ROOT / package.replace(".", "/") / pattern).is_file(), f"{package}: {pattern} is missing"
+
+
+SCRIPTS = sorted(p.name for p in (Path(__file__).resolve().parent.parent / "scripts").glob("*.py"))
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_script_answers_help_with_the_runtime_requirements_alone(script):
+    """README's first command installs requirements.txt only: `scripts/X.py --help` must not need a
+    test tool (the dev requirements' playwright, pytest, hypothesis are made unimportable here)."""
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parent.parent
+    block = "; ".join(f"sys.modules[{m!r}] = None" for m in ("playwright", "pytest", "hypothesis"))
+    code = f"import runpy, sys; {block}; sys.argv = [{script!r}, '--help']; runpy.run_path('scripts/{script}', run_name='__main__')"
+    r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "usage:" in r.stdout
