@@ -179,7 +179,7 @@ def cmd_train_eagle(args) -> int:
                      seed=args.seed, init_from_last_layer=args.init_from_last_layer, init_from=args.init_from,
                      cache_features=args.cache_features or bool(args.feature_store),
                      feature_store=args.feature_store, draft_vocab=args.draft_vocab,
-                     ttt_depth=args.ttt_depth, ttt_decay=args.ttt_decay).validate()
+                     ttt_depth=args.ttt_depth, ttt_decay=args.ttt_decay, arch=args.arch).validate()
     pc = PipelineConfig(exclude_questions=list(args.exclude_questions or []), self_instruct=args.self_instruct,
                         prompts_files=list(args.prompts_file or []), builtin=not args.no_builtin_prompts,
                         max_prompts=args.max_prompts, gen_max_new_tokens=args.gen_max_new_tokens,
@@ -311,6 +311,10 @@ def _add_train_settings(t: argparse.ArgumentParser) -> None:
                    help="training-time test: also train on the head's own predicted features, unrolled to "
                         "this draft depth (1 = teacher forcing only; each extra depth costs about one more head pass)")
     t.add_argument("--ttt-decay", type=float, default=0.8, help="loss weight of unrolled depth d is decay**d")
+    t.add_argument("--arch", default="eagle", choices=("eagle", "eagle3"),
+                   help="eagle: an EAGLE-1/2 head (final-norm features); eagle3: an EAGLE-3 head (the target's "
+                        "low/mid/high-layer features fused, its own lm_head over --draft-vocab, token loss only; "
+                        "add --ttt-depth for training-time test)")
     t.add_argument("--val-fraction", type=float, default=0.05)
     t.add_argument("--eval-every", type=int, default=500)
     t.add_argument("--save-every", type=int, default=200)

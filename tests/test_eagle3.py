@@ -137,3 +137,78 @@ def test_an_eagle3_head_for_another_target_is_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelLoadError, match="width 96"):
         load_eagle_head(tmp_path, small)
+
+
+# ------------------------------------------------------------------------------------ training
+@pytest.fixture(scope="module")
+def eagle3_data(tmp_path_factory):
+    import random
+    from respec.train.data import Prompt, ResponseStore, generate_responses
+    torch.set_num_threads(1)
+    target = six_layer("llama", seed=5)
+    store = ResponseStore(tmp_path_factory.mktemp("data3"))
+    rng = random.Random(0)
+    prompts = [Prompt(key=f"p{i}", category="synthetic",
+                      ids=tuple(rng.randrange(3, 128) for _ in range(rng.randint(4, 12)))) for i in range(96)]
+    generate_responses(target, prompts, store, max_new_tokens=32, batch_size=16, progress=False)
+    return target, store
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_the_batched_training_forward_equals_the_inference_head(arch):
+    from transformers import DynamicCache
+    from respec.train.features import target_features
+    from respec.train.head import head_forward, make_head
+    target = six_layer(arch, seed=1)
+    head = make_head(target, seed=3, arch="eagle3", draft_vocab=torch.arange(0, 128, 2)).eval()
+    assert head.feature_layers == (2, 3, 3) and head.lm_head.weight.shape[0] == 64
+    ids = torch.randint(3, 128, (3, 10), generator=torch.Generator().manual_seed(0))
+    feats = target_features(target, ids, head.feature_layers)
+    h = target.hidden_size
+    assert feats.shape == (3, 10, 4 * h)
+    torch.testing.assert_close(feats[..., :h], target_features(target, ids))
+    emb = target.embed(ids[:, 1:])
+    with torch.no_grad():
+        batched = head_forward(head, emb, feats[:, :-1, h:])
+        for b in range(3):
+            one = head(emb[b], feats[b, :-1, h:], torch.arange(9), DynamicCache(), None)
+            torch.testing.assert_close(batched[b], one)
+
+
+def test_train_eagle3_learns_publishes_and_loads_back_bit_identically(eagle3_data, tmp_path):
+    from respec.train.trainer import TrainConfig, train_eagle
+    target, store = eagle3_data
+    cfg = TrainConfig(steps=240, batch_size=8, lr=3e-3, warmup=20, eval_every=80, save_every=80,
+                      val_fraction=0.15, seed=0, arch="eagle3", draft_vocab=96, ttt_depth=2)
+    out = tmp_path / "head3"
+    last = train_eagle(target, store.examples(), out, cfg, progress=False, log=lambda m: None,
+                       publish=tmp_path / "pub")
+    log = [json.loads(line) for line in (out / "training_log.jsonl").read_text().splitlines()]
+    assert last["val_top1"] > log[0]["val_top1"] + 0.2, "validation top-1 must go up"
+    assert last["val_loss"] < 0.8 * log[0]["val_loss"]
+    assert "val_top1_depth2" in last
+    loaded = load_eagle_head(out, target)
+    assert isinstance(loaded, Eagle3Head) and loaded.draft_vocab.numel() == 96
+    state = torch.load(out / "checkpoint.pt", weights_only=False)["head"]
+    got = loaded.state_dict()
+    assert all(torch.equal(got[k], state[k].to(got[k].dtype)) for k in state if not k.startswith("rotary"))
+    assert (tmp_path / "pub" / "model.safetensors").is_file()
+    assert json.loads((tmp_path / "pub" / "config.json").read_text())["architectures"] == ["LlamaForCausalLMEagle3"]
+    prompt = list(store.examples()[0].ids[:store.examples()[0].start])
+    ref = run(target, "vanilla", prompt, max_new_tokens=32)
+    fixed = {"tree.auto": False, "tree.total_tokens": 8, "tree.depth": 3, "tree.top_k": 2}
+    trained = run(target, "eagle2", prompt, head=loaded, max_new_tokens=32, **fixed)
+    assert trained.tokens == ref.tokens, "a trained EAGLE-3 head must stay lossless"
+    untrained = run(target, "eagle2", prompt, head=random_eagle3_head(target, seed=9), max_new_tokens=32, **fixed)
+    assert trained.stats.mean_accepted_length > untrained.stats.mean_accepted_length
+    # fine-tuning from the saved EAGLE-3 head keeps its vocabulary; an EAGLE-1/2 start is refused
+    again = train_eagle(target, store.examples(), tmp_path / "ft", TrainConfig(
+        steps=20, batch_size=8, lr=1e-3, warmup=0, eval_every=20, save_every=20, val_fraction=0.15,
+        arch="eagle3", draft_vocab=32, init_from=str(out)), progress=False, log=lambda m: None)
+    assert again["val_top1"] > 0.8 * last["val_top1"]
+    assert load_eagle_head(tmp_path / "ft", target).draft_vocab.numel() == 96
+    save_eagle_head(random_head(target), tmp_path / "e2")
+    from respec.errors import RespecError
+    with pytest.raises(RespecError, match="EAGLE-1/2"):
+        train_eagle(target, store.examples(), tmp_path / "bad", TrainConfig(
+            steps=2, arch="eagle3", init_from=str(tmp_path / "e2")), progress=False, log=lambda m: None)

@@ -205,7 +205,7 @@ def test_feature_store_on_disk_is_reused_and_extended(llama_data, tmp_path, monk
     first = FeatureCache(target, ex[:5], max_len=20, batch_tokens=64, progress=False, store=path)
     calls = []
     real = features.target_features
-    monkeypatch.setattr(features, "target_features", lambda t, ids: calls.append(ids.shape[0]) or real(t, ids))
+    monkeypatch.setattr(features, "target_features", lambda t, ids, layers=None: calls.append(ids.shape[0]) or real(t, ids, layers))
     changed = dataclasses.replace(ex[0], ids=ex[0].ids[:-1] + ((ex[0].ids[-1] + 1) % 50,))
     second = FeatureCache(target, [changed] + ex[1:], max_len=20, batch_tokens=64, progress=False, store=path)
     assert sum(calls) == 4, "Only the 3 new examples and the changed one are computed."
@@ -390,7 +390,7 @@ def test_publish_writes_each_better_head_in_bf16_and_a_resumed_run_keeps_the_bes
     """--publish DIR: a head that beats the best validation top-1 recorded in DIR (same validation
     set) is written there in bf16 with training.json; a second run starting from it (the restart on a
     new machine: --init-from DIR --publish DIR) replaces it only with a better head."""
-    from respec.train.trainer import PUBLISHED
+    from respec.train.publish import PUBLISHED
     target, store = llama_data
     pub = tmp_path / "shipped"
     cfg = TrainConfig(steps=120, batch_size=8, lr=3e-3, warmup=10, eval_every=40, save_every=40,

@@ -182,3 +182,18 @@ def test_store_check_skips_shards_found_clean_and_refuses_a_new_or_changed_one(t
     other = _CharTokenizer(extra="<x>")
     check_store(guard, store, other, verdicts=verdicts)
     assert tok.decoded == decoded + 1 and other.decoded == 1, "Another guard or tokenizer checks again."
+
+
+def test_the_shipped_head_was_trained_on_the_committed_clean_store_only():
+    """The default model's shipped head records (training.json, written by train-eagle --publish)
+    which responses it saw: exactly the committed store's records, which the test above decodes
+    and finds free of benchmark questions; it started from scratch or from a head published the
+    same way (a restart: --init-from the shipped directory itself)."""
+    from respec.models.default_model import project_root
+    from respec.train.publish import PUBLISHED, responses_fingerprint
+    shipped = project_root() / "assets" / "eagle" / "smollm2-135m-instruct"
+    info = json.loads((shipped / PUBLISHED).read_text())
+    responses = ResponseStore(default_data_dir("smollm2-135m-instruct")).examples()
+    assert info["data"]["responses"] == len(responses)
+    assert info["data"]["responses_fingerprint"] == responses_fingerprint(e.key for e in responses)
+    assert info["init_from"] in (None, "assets/eagle/smollm2-135m-instruct", str(shipped))

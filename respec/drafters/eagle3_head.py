@@ -29,7 +29,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from respec.drafters.eagle_head import EagleHead, LMHead, _HEAD_KEYS, _rope_theta
+from respec.drafters.eagle_head import EagleHead, LMHead, _HEAD_KEYS, _rope_theta, stored_dtype
 from respec.errors import ModelLoadError
 from respec.models.base import TargetModel
 from respec.models.compat import pass_cache_as
@@ -72,25 +72,22 @@ class Eagle3Head(EagleHead):
         self.lm_head = nn.Linear(h, vd, bias=False)
 
     # -------------------------------------------------------------------------- the layer
-    def forward(self, emb: torch.Tensor, feat: torch.Tensor, positions: torch.Tensor,
-                cache, mask: torch.Tensor | None) -> torch.Tensor:
-        """emb: [q, H]; feat: [q, 3 x H_target] fused target features or [q, H] the head's own
-        outputs; positions: [q]; mask: [1, 1, q, kv_len + q] additive or None (causal).
-        Appends q rows to `cache`; returns the pre-norm outputs [q, H]."""
+    def layer_input(self, emb: torch.Tensor, feat: torch.Tensor, fused: bool = True) -> torch.Tensor:
+        """g [..., H]: fc(feat) for fused target features feat [..., 3 x H_target], else feat
+        itself (the head's own outputs, [..., H], at draft depths >= 2); `emb` is read by `layer`."""
         g = feat.to(emb.dtype)
-        if g.shape[-1] == self.fc.in_features:                                         # fused target features
-            g = self.fc(g)
-        g = g[None]                                                                    # [1, q, H]
-        pos = positions[None]
-        cos_sin = self.rotary(g, pos)
-        mask = self.causal_mask(mask, g, cache)
+        return self.fc(g) if fused and g.shape[-1] == self.fc.in_features else g
+
+    def layer(self, emb: torch.Tensor, g: torch.Tensor, pos: torch.Tensor, cache, mask: torch.Tensor | None,
+              cos_sin) -> torch.Tensor:
+        """The EAGLE-3 layer over a batch: emb, g [B, q, H], pos [B, q] -> pre-norm outputs
+        [B, q, H]; appends q rows per sequence to `cache`."""
         layer = self.layers[0]
-        x = torch.cat([layer.input_layernorm(emb[None]), layer.hidden_norm(g)], dim=-1)  # [1, q, 2H]
+        x = torch.cat([layer.input_layernorm(emb), layer.hidden_norm(g)], dim=-1)     # [B, q, 2H]
         residual = layer.hidden_norm(g) if self.norm_before_residual else g
         attn = layer.self_attn(x, position_embeddings=cos_sin, attention_mask=mask, cache=cache, position_ids=pos)
         h = residual + (attn[0] if isinstance(attn, tuple) else attn)
-        h = h + layer.mlp(layer.post_attention_layernorm(h))
-        return h[0]
+        return h + layer.mlp(layer.post_attention_layernorm(h))
 
     # -------------------------------------------------------------------------- the output layer
     def _own_lm(self) -> LMHead:
@@ -144,6 +141,7 @@ def build_eagle3_head(raw: dict, state: dict[str, torch.Tensor], target: TargetM
     head = Eagle3Head(cfg, feature_layers=layers, target_hidden=target_hidden,
                       qkv_bias="midlayer.self_attn.q_proj.bias" in state, fc_bias="fc.bias" in state,
                       norm_before_residual=bool(raw.get("norm_before_residual", False)))
+    head = head.to(stored_dtype(state))
     try:
         missing, unexpected = head.load_state_dict(_state_in(state), strict=False)
     except RuntimeError as exc:

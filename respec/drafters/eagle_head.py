@@ -162,19 +162,29 @@ class EagleHead(nn.Module):
         self._row_ms = (target, best)
         return best
 
+    def layer_input(self, emb: torch.Tensor, feat: torch.Tensor, fused: bool = True) -> torch.Tensor:
+        """The decoder layer's input [..., H] from embeddings emb [..., H] and features feat
+        [..., H]: fc(cat[emb, feat]) (EAGLE-1/2 feeds target and predicted features alike)."""
+        return self.fc(torch.cat([emb, feat.to(emb.dtype)], dim=-1))
+
+    def layer(self, emb: torch.Tensor, x: torch.Tensor, pos: torch.Tensor, cache, mask: torch.Tensor | None,
+              cos_sin) -> torch.Tensor:
+        """The decoder layer over a batch: x [B, q, H] (layer_input's), pos [B, q] -> [B, q, H];
+        appends q rows per sequence to `cache`. `emb` is unused here (EAGLE-3's layer reads it)."""
+        out = self.layers[0](x, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True,
+                             position_embeddings=cos_sin)
+        return out[0] if isinstance(out, tuple) else out
+
     def forward(self, emb: torch.Tensor, feat: torch.Tensor, positions: torch.Tensor,
                 cache: DynamicCache, mask: torch.Tensor | None) -> torch.Tensor:
-        """emb, feat: [q, H]; positions: [q]; mask: [1, 1, q, kv_len + q] additive or None (causal).
-        Appends q rows to `cache`; returns predicted features f̂: [q, H]."""
-        x = self.fc(torch.cat([emb, feat.to(emb.dtype)], dim=-1))[None]           # [1, q, H]
+        """emb, feat: [q, H] (EAGLE-3: feat may be fused target features); positions: [q]; mask:
+        [1, 1, q, kv_len + q] additive or None (causal). Appends q rows to `cache`; returns
+        predicted features f̂: [q, H]."""
+        x = self.layer_input(emb, feat)[None]                                       # [1, q, H]
         pos = positions[None]
         cos_sin = self.rotary(x, pos)
         mask = self.causal_mask(mask, x, cache)
-        out = self.layers[0](x, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True,
-                             position_embeddings=cos_sin)
-        if isinstance(out, tuple):
-            out = out[0]
-        return out[0]
+        return self.layer(emb[None], x, pos, cache, mask, cos_sin)[0]
 
 
 def random_head(target: TargetModel, *, seed: int = 0, qkv_bias: bool = False) -> EagleHead:
@@ -227,6 +237,13 @@ def _eagle3_reason(raw: dict, state: dict, hidden: int) -> str | None:
     return None
 
 
+def stored_dtype(state: dict[str, torch.Tensor]) -> torch.dtype:
+    """The checkpoint's floating dtype (fc's): a head is loaded in it, so no value passes through
+    a narrower dtype on its way to the target's (a float64 head loads bit-identically)."""
+    fc = state.get("fc.weight")
+    return fc.dtype if fc is not None and fc.is_floating_point() else torch.float32
+
+
 def _build_eagle_head(raw: dict, state: dict[str, torch.Tensor], target: TargetModel, where: str) -> EagleHead:
     """An EAGLE-1/2 head from a published config.json (`raw`) and weights (`state`); ModelLoadError
     on any mismatch, naming the first."""
@@ -236,6 +253,7 @@ def _build_eagle_head(raw: dict, state: dict[str, torch.Tensor], target: TargetM
                              f"but the target has {target.hidden_size}")
     state = {k: v for k, v in state.items() if not k.startswith("embed_tokens") and k not in ("t2d", "d2t")}
     head = EagleHead(cfg, qkv_bias="layers.0.self_attn.q_proj.bias" in state, fc_bias="fc.bias" in state)
+    head = head.to(stored_dtype(state))
     try:
         missing, unexpected = head.load_state_dict(state, strict=False)
     except RuntimeError as exc:   # size mismatches: name the first one, not torch's whole report

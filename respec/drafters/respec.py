@@ -116,7 +116,7 @@ class ReSpecDrafter:
         self.name = name
         self.eagle = eagle if variant.fallback else None
         self.needs_hidden = self.eagle is not None     # target features only feed the EAGLE catch-up
-        self.feature_layers = self.eagle.feature_layers if self.eagle is not None else None
+        self.feature_layers = eagle.feature_layers if self.eagle is not None else None   # the Drafter protocol's
         self.trigger_cfg: TriggerConfig = config.trigger
         self.cand_cfg: CandidateConfig = config.candidates
         self.sam_threshold = config.sam.len_threshold

@@ -126,12 +126,17 @@ class HFTarget:
 
         self._hooks = [blocks[i].register_forward_pre_hook(capture(i), with_kwargs=True) for i in sorted(set(layers))]
 
-    def _features(self, out) -> torch.Tensor:
-        """The last forward's `hidden` (see use_features): [n, H] or [n, len(layers) x H]."""
-        last = out.last_hidden_state[0]
+    def batch_features(self, out) -> torch.Tensor:
+        """The last forward's `hidden` (see use_features) for its whole batch: [B, T, H] or
+        [B, T, len(layers) x H]."""
+        last = out.last_hidden_state
         if self.feature_layers is None:
             return last
-        return torch.cat([self._captured[i][0].to(last.device) for i in self.feature_layers], dim=-1)
+        return torch.cat([self._captured[i].to(last.device) for i in self.feature_layers], dim=-1)
+
+    def _features(self, out) -> torch.Tensor:
+        """`batch_features` of a one-sequence forward: [n, F]."""
+        return self.batch_features(out)[0]
 
     def _forward(self, **kwargs):
         """The base model over the engine's cache, passed under the installed version's keyword."""

@@ -3,7 +3,9 @@
 Contract:
 - `collate(examples, max_len)`: ids [B, T] right-padded and the loss mask [B, T-1] over predicted
   features (entry t covers f̂_{t+1}: a real position with t+1 >= the example's start).
-- `target_features(target, ids)`: the frozen target's final-norm hidden states [B, T, H].
+- `target_features(target, ids, layers=None)`: the frozen target's final-norm hidden states
+  [B, T, H]; with `layers` (an EAGLE-3 head's), those followed by the inputs of those decoder
+  layers: [B, T, (1 + len(layers)) x H].
 - `FeatureCache`: those features computed once per example (the target is frozen, so they never
   change), kept on the CPU in the target's dtype: tokens x hidden x 2 bytes (about 0.5 GB for 450k
   tokens of a 576-wide model); optionally read from and written back (atomically) to a
@@ -39,10 +41,19 @@ def collate(examples: Sequence[Example], max_len: int, pad: int = 0) -> tuple[to
 
 
 @torch.inference_mode()
-def target_features(target, ids: torch.Tensor) -> torch.Tensor:
+def target_features(target, ids: torch.Tensor, layers: Sequence[int] | None = None) -> torch.Tensor:
     """Final-norm hidden states [B, T, H] of a right-padded batch (padding only follows real tokens,
-    so the causal mask alone keeps real positions exact)."""
-    return target._base(input_ids=ids.to(target.device), use_cache=False).last_hidden_state
+    so the causal mask alone keeps real positions exact); with `layers`, followed by those decoder
+    layers' inputs (HFTarget.use_features): [B, T, (1 + len(layers)) x H]."""
+    if layers is None:
+        return target._base(input_ids=ids.to(target.device), use_cache=False).last_hidden_state
+    before = target.feature_layers
+    target.use_features(layers)
+    try:
+        out = target._base(input_ids=ids.to(target.device), use_cache=False)
+        return torch.cat([out.last_hidden_state, target.batch_features(out)], dim=-1)
+    finally:
+        target.use_features(before)
 
 
 class FeatureCache:
@@ -50,12 +61,14 @@ class FeatureCache:
     dtype on the CPU. Examples are batched by similar length so little padding is computed."""
 
     def __init__(self, target, examples: Sequence[Example], max_len: int, batch_tokens: int = 4096,
-                 progress: bool = True, store: Path | None = None) -> None:
+                 progress: bool = True, store: Path | None = None, layers: Sequence[int] | None = None) -> None:
         """With `store` (a safetensors file), features found there for the same example (its key
         and token ids) and at least the needed length are reused, and the file is rewritten with
-        every example's features after computing the rest: a later run skips the target forwards."""
+        every example's features after computing the rest: a later run skips the target forwards.
+        `layers`: an EAGLE-3 head's feature layers (`target_features`), stored under their own names."""
         from tqdm.auto import tqdm
         self.feats: dict[str, torch.Tensor] = {}
+        self.layers = None if layers is None else tuple(layers)
         wanted = {e.key: e for e in examples}
         saved = self._load(store, wanted, max_len) if store is not None and Path(store).is_file() else {}
         self.feats.update(saved)
@@ -69,7 +82,7 @@ class FeatureCache:
                 j += 1
             group = todo[i:j]
             ids, _ = collate(group, max_len)
-            f = target_features(target, ids).cpu()
+            f = target_features(target, ids, self.layers).cpu()
             for k, e in enumerate(group):
                 n = min(len(e.ids), max_len)
                 self.feats[e.key] = f[k, :n].clone()
@@ -79,10 +92,9 @@ class FeatureCache:
         if store is not None and todo:
             self._save(Path(store), wanted)
 
-    @staticmethod
-    def _name(e: Example) -> str:
+    def _name(self, e: Example) -> str:
         ids = hashlib.sha1(",".join(map(str, e.ids)).encode()).hexdigest()[:16]
-        return f"{e.key}|{ids}"
+        return f"{e.key}|{ids}" + ("" if self.layers is None else "|layers=" + ",".join(map(str, self.layers)))
 
     def _load(self, store: Path, wanted: dict[str, Example], max_len: int) -> dict[str, torch.Tensor]:
         from safetensors import safe_open

@@ -1,12 +1,14 @@
 """The trainable EAGLE head: construction, initialisation and its batched training forward.
 
 Contract:
-- `make_head(target, seed=, init_from_last_layer=)`: a fresh head shaped for `target`, in the
-  training dtype (`train_dtype`: float32, float64 for float64 targets); the caller's RNG untouched.
+- `make_head(target, seed=, init_from_last_layer=, arch=, draft_vocab=)`: a fresh head shaped for
+  `target` (`arch` "eagle": EAGLE-1/2; "eagle3": an Eagle3Head over the target's low/mid/high
+  features with its own lm_head over `draft_vocab`), in the training dtype (`train_dtype`: float32,
+  float64 for float64 targets); the caller's RNG untouched.
 - `initial_head(target, cfg, state, log)`: that head with its starting weights: a checkpoint's
   (`state`, when resuming), a saved head's (`cfg.init_from`), or fresh.
-- The training forward (`head_unroll`, depth 0 = `head_forward`) calls the head's own modules (`fc`,
-  `layers[0]`, `rotary`) on [B, T] batches with right padding and the causal mask; padded positions
+- The training forward (`head_unroll`, depth 0 = `head_forward`) calls the head's own
+  `layer_input` / `layer` / `rotary` (the inference forward's parts) on [B, T] batches with right padding and the causal mask; padded positions
   never precede real ones, so no padding mask is needed, and a test checks it equals
   `EagleHead.forward` on each sequence. Depths >= 1 are training-time test (EAGLE-3's unrolled
   training), masked by `ttt_mask` as Eagle2Drafter's tree mask does at inference.
@@ -31,8 +33,10 @@ def _target_layers(target):
     return layers
 
 
-def make_head(target, *, seed: int = 0, init_from_last_layer: bool = False):
-    """A fresh trainable head shaped for `target` (q/k/v biases iff the target's layers have them).
+def make_head(target, *, seed: int = 0, init_from_last_layer: bool = False, arch: str = "eagle",
+              draft_vocab: torch.Tensor | None = None):
+    """A fresh trainable head shaped for `target` (q/k/v biases iff the target's layers have them);
+    `arch` "eagle3" makes an EAGLE-3 head whose lm_head covers `draft_vocab` (all ids if None).
     With `init_from_last_layer`, the decoder layer starts as a copy of the target's last layer (its
     input RMSNorm weight folded into q/k/v, since the head has no input norm) and fc starts as
     [small random | identity], i.e. it passes f_t through."""
@@ -42,11 +46,17 @@ def make_head(target, *, seed: int = 0, init_from_last_layer: bool = False):
     last = _target_layers(target)[-1]
     qkv_bias = getattr(getattr(last.self_attn, "q_proj", None), "bias", None) is not None
     dtype = train_dtype(target)
-    head = random_head(target, seed=seed, qkv_bias=qkv_bias).to(dtype=dtype)
+    if arch == "eagle3":
+        from respec.drafters.eagle3_head import random_eagle3_head
+        head = random_eagle3_head(target, seed=seed, qkv_bias=qkv_bias, draft_vocab=draft_vocab).to(dtype=dtype)
+    else:
+        head = random_head(target, seed=seed, qkv_bias=qkv_bias).to(dtype=dtype)
     with torch.random.fork_rng(devices=[]):          # re-init in full precision, caller's RNG untouched
         torch.manual_seed(seed)
         head.fc.reset_parameters()
         head.layers[0].apply(lambda m: m.reset_parameters() if isinstance(m, torch.nn.Linear) else None)
+        if arch == "eagle3":                         # its own output layer (norms start at ones)
+            head.lm_head.reset_parameters()
     head.rotary = LlamaRotaryEmbedding(head.config).to(target.device)   # inv_freq in float32
     if init_from_last_layer:
         with torch.no_grad():
@@ -71,11 +81,26 @@ def make_head(target, *, seed: int = 0, init_from_last_layer: bool = False):
     return head.train()
 
 
-def initial_head(target, cfg, state: dict[str, Any] | None, log: Callable[[str], None]):
+def initial_head(target, cfg, state: dict[str, Any] | None, log: Callable[[str], None],
+                 draft_vocab: torch.Tensor | None = None):
     """`make_head` for `cfg` (a TrainConfig) with its starting weights: the checkpoint's head when
     `state` (a loaded checkpoint) is given, else the saved head in `cfg.init_from` (fine-tuning; its
-    rotary buffers are rebuilt, not loaded), else the fresh initialisation."""
-    head = make_head(target, seed=cfg.seed, init_from_last_layer=cfg.init_from_last_layer and state is None)
+    rotary buffers are rebuilt, not loaded), else the fresh initialisation. An EAGLE-3 head started
+    from a saved one keeps that head's draft vocabulary (its lm_head's rows)."""
+    if cfg.arch == "eagle3" and cfg.init_from:
+        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+        from respec.drafters.eagle2 import load_eagle_head
+        head = load_eagle_head(cfg.init_from, target, train_dtype(target))
+        if head.feature_layers is None:
+            raise RespecError(f"--arch eagle3 cannot start from {cfg.init_from}: it is an EAGLE-1/2 head")
+        head.rotary = LlamaRotaryEmbedding(head.config).to(target.device)
+        if state is not None:
+            head.load_state_dict(state["head"])
+        else:
+            log(f"starting from the EAGLE-3 head in {cfg.init_from}")
+        return head.train()
+    head = make_head(target, seed=cfg.seed, init_from_last_layer=cfg.init_from_last_layer and state is None,
+                     arch=cfg.arch, draft_vocab=draft_vocab)
     if state is not None:
         head.load_state_dict(state["head"])
     elif cfg.init_from:
@@ -119,8 +144,10 @@ def ttt_mask(T: int, d: int, dtype: torch.dtype, device=None) -> torch.Tensor:
 def head_unroll(head, emb: torch.Tensor, feat: torch.Tensor, depth: int) -> list[torch.Tensor]:
     """Training-time test (EAGLE-3's unrolled training): depth 0 is the plain causal forward over
     the pairs (f_t, x_{t+1}); depth d >= 1 feeds the head its own depth-(d-1) prediction for
-    position t - 1 in place of the real feature f_t, attending as `ttt_mask` says. emb, feat: [B, T, H]. Returns `depth` tensors
-    [B, T, H]; entry d at position t predicts f_{t+1} (meaningful for t >= d)."""
+    position t - 1 in place of the real feature f_t, attending as `ttt_mask` says. emb: [B, T, H];
+    feat: [B, T, H] (EAGLE-3: fused target features [B, T, 3H]). Returns `depth` tensors [B, T, H];
+    entry d at position t predicts f_{t+1} (EAGLE-3: the pre-norm output whose logits predict
+    x_{t+2}), meaningful for t >= d."""
     from transformers import DynamicCache
 
     B, T, _ = emb.shape
@@ -128,16 +155,16 @@ def head_unroll(head, emb: torch.Tensor, feat: torch.Tensor, depth: int) -> list
     cache = DynamicCache()
     preds: list[torch.Tensor] = []
     inp = feat
-    cos_sin = None
+    cos_sin = first = None
     for d in range(depth):
-        x = head.fc(torch.cat([emb, inp], dim=-1))                                 # [B, T, H]
+        x = head.layer_input(emb, inp, fused=(d == 0))                             # [B, T, H]
         if cos_sin is None:
             cos_sin = head.rotary(x, pos)
+            # position 0's input at later depths (a placeholder: depth d is scored from t >= d on)
+            first = (feat if head.feature_layers is None else x)[:, :1]
         mask = None if d == 0 else ttt_mask(T, d, x.dtype, x.device)
-        out = head.layers[0](x, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True,
-                             position_embeddings=cos_sin)
-        out = out[0] if isinstance(out, tuple) else out                            # [B, T, H]
+        out = head.layer(emb, x, pos, cache, mask, cos_sin)                        # [B, T, H]
         preds.append(out)
         if d + 1 < depth:
-            inp = torch.cat([feat[:, :1], out[:, :-1]], dim=1)
+            inp = torch.cat([first, out[:, :-1]], dim=1)
     return preds

@@ -32,11 +32,9 @@ optimizer + step + RNG, written atomically every `save_every` steps and at the e
 `resume=True` continues from the checkpoint's step (to a possibly larger `steps`).
 
 Publishing (`publish=DIR`, e.g. the shipped head's directory in the repository): whenever a
-validation pass beats the best validation top-1 recorded for the same validation examples, the head
-is written there in bfloat16 in the published layout, with `training.json` (step, epoch, validation
-figures, the validation set's fingerprint, when). The best so far is read from that file, so a run
-resumed on another machine (`--init-from DIR --publish DIR`) replaces the head only by a better one.
-Committing the directory is the caller's business; training never runs git.
+validation pass beats the best validation top-1 recorded there for the same validation examples,
+the head is written there (respec/train/publish.py), so a run resumed on another machine
+(`--init-from DIR --publish DIR`) replaces the head only by a better one.
 """
 from __future__ import annotations
 
@@ -58,6 +56,7 @@ from respec.errors import ConfigError, RespecError
 from respec.train.data import Example, is_validation, target_slug
 from respec.train.features import FeatureCache, collate, frequent_next_tokens, target_features
 from respec.train.head import head_forward, head_unroll, initial_head, make_head, train_dtype, ttt_mask
+from respec.train.publish import PUBLISHED, data_summary, publish_head, published_top1, val_fingerprint
 
 __all__ = ["CHECKPOINT", "LOG", "FeatureCache", "TrainConfig", "batch_loss", "check_out_dir", "collate", "evaluate",
            "frequent_next_tokens", "head_forward", "head_unroll", "lr_at", "make_head", "split", "target_features",
@@ -92,6 +91,7 @@ class TrainConfig:
     draft_vocab: int = 0               # 0 = full vocabulary in the cross-entropy
     ttt_depth: int = 1                 # training-time test: unroll the head this many draft depths
     ttt_decay: float = 0.8             # loss weight of unrolled depth d (0-based) is ttt_decay ** d
+    arch: str = "eagle"                # "eagle" (EAGLE-1/2 head) | "eagle3" (fused features, own lm_head)
 
     def validate(self) -> "TrainConfig":
         ints = {"steps": 1, "batch_size": 1, "max_len": 4, "warmup": 0, "val_max_examples": 1,
@@ -114,35 +114,45 @@ class TrainConfig:
             raise ConfigError(f"train setting ttt_depth must be at most 8, got {self.ttt_depth}")
         if self.init_from is not None and self.init_from_last_layer:
             raise ConfigError("init_from and init_from_last_layer exclude each other")
+        if self.arch not in ("eagle", "eagle3"):
+            raise ConfigError(f"train setting arch must be 'eagle' or 'eagle3', got {self.arch!r}")
+        if self.arch == "eagle3" and self.init_from_last_layer:
+            raise ConfigError("an EAGLE-3 head cannot start from the target's last layer (its attention is 2 x wider)")
         return self
 
 
 def batch_loss(head, target, lm: LMHead, ids: torch.Tensor, mask: torch.Tensor, cfg: TrainConfig,
-               noise: bool, generator: torch.Generator | None = None, feats: torch.Tensor | None = None) -> dict:
-    """Loss on one batch; `feats` [B, T, H] are cached target features of `ids` (computed if None),
-    `lm` may be a vocabulary subset (LMHead.subset) for the cross-entropy and top-1.
-    With cfg.ttt_depth > 1 the loss is the ttt_decay**d-weighted mean over unrolled depths d
+               noise: bool, generator: torch.Generator | None = None, feats: torch.Tensor | None = None,
+               full: LMHead | None = None) -> dict:
+    """Loss on one batch; `feats` [B, T, F] are cached target features of `ids` (computed if None;
+    F = H, or (1 + 3) x H for an EAGLE-3 head: `target_features`), `lm` may be a vocabulary subset
+    (LMHead.subset) for the cross-entropy and top-1. An EAGLE-3 head is scored by its own logits
+    (over its draft vocabulary, which `lm` must then cover row for row) and has no feature loss;
+    with `full` (the whole output layer) its top-1 is checked against the target's arg-max over
+    every id. With cfg.ttt_depth > 1 the loss is the ttt_decay**d-weighted mean over unrolled depths d
     (`head_unroll`); vloss/ploss/correct/count describe depth 0, `depth_correct`/`depth_count`
     every depth."""
     dtype = lm.weight.dtype
     dev = target.device
     mask = mask.to(dev)
+    eagle3 = head.feature_layers is not None
     if feats is None:
-        feats = target_features(target, ids)
-    feats = feats.to(device=dev, dtype=dtype).clone()                   # [B, T, H]
+        feats = target_features(target, ids, head.feature_layers)
+    feats = feats.to(device=dev, dtype=dtype).clone()                   # [B, T, F]
+    final, inputs = feats[..., :target.hidden_size], feats[..., target.hidden_size:] if eagle3 else feats
     emb = target.embed(ids[:, 1:].to(dev)).detach().to(dtype)
-    inp = feats[:, :-1]
+    inp = inputs[:, :-1]
     if noise and cfg.noise > 0:
         u = torch.rand(inp.shape, generator=generator, dtype=dtype).to(dev)
         inp = inp + (u - 0.5) * cfg.noise
     preds = head_unroll(head, emb, inp, cfg.ttt_depth)                  # each [B, T-1, H]
-    ft_all = feats[:, 1:][mask]                                          # [N, H] covered targets
+    ft_all = final[:, 1:][mask]                                          # [N, H] covered targets
     pos = torch.arange(mask.shape[1], device=dev).expand_as(mask)[mask]  # [N] their positions
     if ft_all.shape[0]:
         with torch.no_grad():                                            # soft labels, shared by every depth
             t_logits_all = lm(ft_all)
             t_prob_all = torch.softmax(t_logits_all, -1)
-            t_top_all = t_logits_all.argmax(-1)
+            t_top_all = (full(ft_all) if eagle3 and full is not None else t_logits_all).argmax(-1)
     total, weights = None, 0.0
     res = {"depth_correct": [], "depth_count": []}
     for d, pred in enumerate(preds):
@@ -152,12 +162,18 @@ def batch_loss(head, target, lm: LMHead, ids: torch.Tensor, mask: torch.Tensor, 
         if n == 0:
             loss_d, vloss, ploss, correct = pred.sum() * 0.0, 0.0, 0.0, 0
         else:
-            vloss_t = F.smooth_l1_loss(fh, ft, reduction="none").mean(-1).mean()
-            h_logits = lm(fh)
+            h_logits = head.draft_logits(target, fh) if eagle3 else lm(fh)
             ploss_t = -(t_prob_all[keep] * torch.log_softmax(h_logits, -1)).sum(-1).mean()
-            loss_d = cfg.v_weight * vloss_t + cfg.p_weight * ploss_t
-            vloss, ploss = float(vloss_t.detach()), float(ploss_t.detach())
-            correct = int((h_logits.detach().argmax(-1) == t_top_all[keep]).sum())
+            if eagle3:                       # its output is no target feature: token loss only
+                vloss_t, loss_d = 0.0, ploss_t
+            else:
+                vloss_t = F.smooth_l1_loss(fh, ft, reduction="none").mean(-1).mean()
+                loss_d = cfg.v_weight * vloss_t + cfg.p_weight * ploss_t
+            vloss, ploss = float(vloss_t) if eagle3 else float(vloss_t.detach()), float(ploss_t.detach())
+            top = h_logits.detach().argmax(-1)
+            if eagle3 and full is not None and head.draft_vocab is not None:
+                top = head.draft_vocab.to(top.device)[top]                  # draft index -> target id
+            correct = int((top == t_top_all[keep]).sum())
         w = cfg.ttt_decay ** d
         total = loss_d * w if total is None else total + loss_d * w
         weights += w
@@ -189,7 +205,7 @@ def split(examples: Sequence[Example], val_fraction: float, val_max: int) -> tup
 
 @torch.no_grad()
 def evaluate(head, target, lm: LMHead, examples: Sequence[Example], cfg: TrainConfig,
-             cache: FeatureCache | None = None) -> dict:
+             cache: FeatureCache | None = None, full: LMHead | None = None) -> dict:
     was = head.training
     head.eval()
     tot = {"loss": 0.0, "vloss": 0.0, "ploss": 0.0, "correct": 0, "count": 0}
@@ -199,7 +215,7 @@ def evaluate(head, target, lm: LMHead, examples: Sequence[Example], cfg: TrainCo
         chunk = examples[i:i + cfg.batch_size]
         ids, mask = collate(chunk, cfg.max_len)
         feats = cache.batch(chunk, ids.shape[1]) if cache is not None else None
-        r = batch_loss(head, target, lm, ids, mask, cfg, noise=False, feats=feats)
+        r = batch_loss(head, target, lm, ids, mask, cfg, noise=False, feats=feats, full=full)
         c = r["count"]
         tot["loss"] += float(r["loss"]) * c
         tot["vloss"] += r["vloss"] * c
@@ -312,7 +328,10 @@ def _start_run(target, cfg: TrainConfig, state: dict | None, data: tuple[list[Ex
     """Head, optimiser, noise RNG, vocabulary and feature cache of a new run (`state` None) or of
     the checkpoint `state` resumes; `data` is (train, val)."""
     train, val = data
-    head = initial_head(target, cfg, state, log)
+    vocab = frequent_next_tokens(train, cfg.draft_vocab, cfg.max_len) if cfg.draft_vocab else None
+    head = initial_head(target, cfg, state, log, draft_vocab=vocab)
+    if head.feature_layers is not None and cfg.init_from and head.draft_vocab is not None:
+        vocab = head.draft_vocab                # a saved EAGLE-3 head's lm_head rows fix its vocabulary
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -322,14 +341,14 @@ def _start_run(target, cfg: TrainConfig, state: dict | None, data: tuple[list[Ex
         opt.load_state_dict(state["optimizer"])
         run.step, run.epoch, run.pos = state["step"], state["epoch"], state["pos"]
         gen.set_state(state["noise_rng"])
-    if cfg.draft_vocab:
-        vocab = frequent_next_tokens(train, cfg.draft_vocab, cfg.max_len)
+    if vocab is not None:
         run.lm_train = lm.subset(vocab)
         head.draft_vocab = vocab                # saved as d2t: the head drafts over these ids only
         log(f"cross-entropy and drafting over the {len(vocab)} most frequent next tokens of the training data")
     if cfg.cache_features and run.step < cfg.steps:
         store = Path(cfg.feature_store) if cfg.feature_store else None
-        run.cache = FeatureCache(target, train + val, cfg.max_len, progress=progress, store=store)
+        run.cache = FeatureCache(target, train + val, cfg.max_len, progress=progress, store=store,
+                                 layers=head.feature_layers)
     return run
 
 
@@ -355,7 +374,9 @@ def _record(run: _Run, event: str) -> dict:
            "train_loss": s["loss"] / s["batches"] if s["batches"] else None,
            "train_vloss": s["vloss"] / c if c else None, "train_ploss": s["ploss"] / c if c else None,
            "train_top1": s["correct"] / c if c else None, "train_tokens": c}
-    v = evaluate(run.head, run.target, run.lm, run.val, cfg, run.cache) if run.val else {}
+    eagle3 = run.head.feature_layers is not None     # scored over its own vocabulary, top-1 over all ids
+    v = evaluate(run.head, run.target, run.lm_train if eagle3 else run.lm, run.val, cfg, run.cache,
+                 full=run.lm if eagle3 else None) if run.val else {}
     rec.update({f"val_{k}": x for k, x in v.items()})
     rec["elapsed_s"] = round(time.perf_counter() - run.t0, 2)
     with open(run.out / LOG, "a", encoding="utf-8") as fh:
@@ -370,59 +391,12 @@ def _record(run: _Run, event: str) -> dict:
     return rec
 
 
-PUBLISHED = "training.json"
-
-
-def val_fingerprint(val: Sequence[Example], max_len: int) -> str:
-    """A short hash of the validation examples (keys and the token ids within max_len): two runs'
-    validation top-1 are comparable only when these agree."""
-    import hashlib
-    h = hashlib.sha256()
-    for e in val:
-        h.update(e.key.encode("utf-8"))
-        h.update(json.dumps(list(e.ids[:max_len])).encode("ascii"))
-    return h.hexdigest()[:16]
-
-
-def published_top1(publish: Path, fingerprint: str) -> float:
-    """The validation top-1 of the head already published in `publish` on the same validation set
-    (`fingerprint`), or -1 when there is none or it was measured on other examples."""
-    try:
-        rec = json.loads((publish / PUBLISHED).read_text())
-    except (OSError, ValueError):
-        return -1.0
-    if rec.get("val_fingerprint") != fingerprint or not isinstance(rec.get("val_top1"), (int, float)):
-        return -1.0
-    return float(rec["val_top1"])
-
-
-def responses_fingerprint(keys) -> str:
-    """A hash of the response records' keys (sorted): which self-distilled responses a head saw."""
-    import hashlib
-    return hashlib.sha256("\n".join(sorted(keys)).encode("utf-8")).hexdigest()[:16]
-
-
-def data_summary(examples: Sequence[Example]) -> dict:
-    """What a run trains and validates on: the response records (count and key fingerprint, to be
-    checked against the committed store) and the offline text windows (`text:` keys)."""
-    responses = [e.key for e in examples if not e.key.startswith("text:")]
-    return {"responses": len(responses), "responses_fingerprint": responses_fingerprint(responses),
-            "text_windows": len(examples) - len(responses)}
-
-
 def _publish(run: _Run, rec: dict) -> None:
-    """Write the head (bfloat16, published layout) and its training.json into run.publish."""
-    import copy
-    from respec.drafters.eagle2 import save_eagle_head
-
-    head = copy.deepcopy(run.head).to(torch.bfloat16)
-    head.draft_vocab = run.head.draft_vocab
-    save_eagle_head(head, run.publish)
-    fp = val_fingerprint(run.val, run.cfg.max_len)
-    info = {"step": run.step, "epoch": run.epoch, "val_fingerprint": fp, "val_examples": len(run.val),
-            **{k: rec[k] for k in rec if k.startswith("val_")},
-            "init_from": run.cfg.init_from, "data": run.data, "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    atomic_write_text(run.publish / PUBLISHED, json.dumps(info, indent=2) + "\n")
+    """Write the head and its training.json into run.publish (respec/train/publish.py)."""
+    publish_head(run.head, run.publish, {
+        "step": run.step, "epoch": run.epoch, "val_fingerprint": val_fingerprint(run.val, run.cfg.max_len),
+        "val_examples": len(run.val), **{k: rec[k] for k in rec if k.startswith("val_")},
+        "init_from": run.cfg.init_from, "data": run.data})
     run.best_top1 = rec["val_top1"]
     run.log(f"published the head to {run.publish} (val top-1 {rec['val_top1']:.4f} at step {run.step})")
 
