@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from respec._io import atomic_write_text
+from respec.anatomy import DepthAcceptance, Totals, acceptance_by_depth, totals_of
 from respec.bench_questions import CATEGORIES, MT_BENCH, Question, bench_category, load_questions
 from respec.bench_report import (SUMMARY_COLUMNS, add_hist, bench_figures, repeat_speedups, speedup_matrix_markdown,
                                  spread_text, summarize, summary_table_markdown, write_reports)
@@ -78,7 +79,8 @@ def parse_bench_methods(text: str | Sequence[str]) -> list[str]:
 def _record(q: Question, method: str, *, new_tokens: int, wall: float, steps: int, committed: int,
             tokens: list[int], texts: list[str], hist: list[int], relaxed: int = 0, retrieval_steps: int = 0,
             fired: int = 0, nll: float | None = None, margins: list[float] | None = None,
-            multi_chosen: int = 0, branching: int = 0) -> dict[str, Any]:
+            multi_chosen: int = 0, branching: int = 0, depth: dict | None = None,
+            totals: dict | None = None) -> dict[str, Any]:
     rec = {"question_id": q.question_id, "category": q.category, "method": method,
            "new_tokens": new_tokens, "wall_s": wall, "tokens_per_s": new_tokens / wall if wall > 0 else 0.0,
            "steps": steps, "mean_accepted": committed / steps if steps else 1.0,
@@ -86,6 +88,8 @@ def _record(q: Question, method: str, *, new_tokens: int, wall: float, steps: in
            "trigger_fired": fired, "nll_per_token": nll, "accept_hist": hist,
            "multi_chosen_steps": multi_chosen, "branching_steps": branching,
            "text": "\n\n".join(texts), "tokens": tokens}
+    if depth is not None:                # respec/anatomy.py: acceptance by draft position, the speedup's factors
+        rec["depth"], rec["totals"] = depth, totals
     if margins is not None:
         rec["margins"] = [round(float(m), 4) for m in margins]
     return rec
@@ -105,9 +109,11 @@ def run_question(runner, q: Question, config: EngineConfig, score_nll: bool = Fa
     hist: list[int] = []
     new_tokens = steps = committed = 0
     wall = 0.0
+    depth, totals = DepthAcceptance(), Totals()
     for turn in q.turns:
         messages.append({"role": "user", "content": turn})
         result = runner.generate(list(messages), config)
+        depth, totals = depth.merge(acceptance_by_depth(result.steps)), totals + totals_of(result)
         messages.append({"role": "assistant", "content": result.text})
         texts.append(result.text)
         tokens.extend(result.tokens)
@@ -129,7 +135,7 @@ def run_question(runner, q: Question, config: EngineConfig, score_nll: bool = Fa
         committed += sum(len(s.new_tokens) for s in result.steps)
         wall += result.wall_time_s
     return _record(q, config.method, new_tokens=new_tokens, wall=wall, steps=steps, committed=committed,
-                   multi_chosen=multi_chosen, branching=branching,
+                   multi_chosen=multi_chosen, branching=branching, depth=depth.to_dict(), totals=totals.to_dict(),
                    tokens=tokens, texts=texts, hist=hist, relaxed=relaxed, retrieval_steps=retrieval_steps,
                    fired=fired, nll=nll_sum / nll_n if nll_n else None, margins=margins if keep_margins else None)
 

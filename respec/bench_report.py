@@ -115,10 +115,47 @@ def summarize(df: "pandas.DataFrame") -> "pandas.DataFrame":
                          "trigger_rate": float(g.trigger_fired.sum() / g.steps.sum()) if g.steps.sum() else 0.0,
                          "relaxed_per_token": float(g.relaxed_tokens.sum() / g.new_tokens.sum()) if g.new_tokens.sum() else 0.0,
                          "trie_branching": _branching(g),
-                         **spread})
+                         **anatomy_columns(g, vanilla), **spread})
     out = pd.DataFrame(rows)
     out.insert(4, "speedup_vs_vanilla", [r["tokens_per_s"] / vanilla_speed[r["category"]]
                                          if vanilla_speed.get(r["category"]) else float("nan") for r in rows])
+    return out
+
+
+#: Draft depths whose acceptance the summary reports (accept_at_depth_1 ..).
+SUMMARY_DEPTHS = 4
+
+
+def anatomy_columns(g: "pandas.DataFrame", vanilla: "pandas.DataFrame") -> dict[str, float]:
+    """A group's acceptance by draft position (accept_at_depth_d: accepted / reached draft tokens
+    at depth d; reach_depth_d: share of drafting steps whose accepted path reaches d) and its
+    speedup's factors over vanilla's records of the same group (respec/anatomy.py: tokens per
+    forward, a forward's cost in plain forwards, its ms split, the cost model's prediction against
+    what the planned steps realised). NaN where the records predate these fields (and for peers)."""
+    from respec.anatomy import DepthAcceptance, Totals, anatomy
+    nan = float("nan")
+    out = {f"accept_at_depth_{d}": nan for d in range(1, SUMMARY_DEPTHS + 1)}
+    out.update({f"reach_depth_{d}": nan for d in range(1, SUMMARY_DEPTHS + 1)})
+    out.update(dict.fromkeys(("tokens_per_forward", "step_cost", "verify_ms_per_forward", "draft_ms_per_forward",
+                              "other_ms_per_forward", "predicted_tokens", "realised_tokens"), nan))
+    if "depth" not in g or "totals" not in g:
+        return out
+    recs = [(d, t) for d, t in zip(g["depth"], g["totals"]) if isinstance(d, dict) and isinstance(t, dict)]
+    vrecs = [t for t in vanilla.get("totals", []) if isinstance(t, dict)]
+    if not recs or not vrecs:
+        return out
+    depth = DepthAcceptance()
+    for d, _ in recs:
+        depth = depth.merge(DepthAcceptance.from_dict(d))
+    for d in range(1, SUMMARY_DEPTHS + 1):
+        r, reach = depth.rate(d), depth.reach(d)
+        out[f"accept_at_depth_{d}"] = nan if r is None else r
+        out[f"reach_depth_{d}"] = nan if reach is None else reach
+    a = anatomy(sum((Totals(**t) for _, t in recs), Totals()), sum((Totals(**t) for t in vrecs), Totals()))
+    out.update(tokens_per_forward=a.tokens_per_forward, step_cost=a.step_cost, verify_ms_per_forward=a.verify_ms,
+               draft_ms_per_forward=a.draft_ms, other_ms_per_forward=a.other_ms + a.prefill_ms,
+               predicted_tokens=nan if a.predicted_tokens is None else a.predicted_tokens,
+               realised_tokens=nan if a.realised_tokens is None else a.realised_tokens)
     return out
 
 
@@ -134,7 +171,11 @@ def _branching(g) -> float:
 SUMMARY_COLUMNS = {"questions": "{:.0f}", "tokens_per_s": "{:.1f}", "speedup_vs_vanilla": "{:.2f}x",
                    "mean_accepted": "{:.2f}", "exact_match_rate": "{:.2f}", "lossless_rate": "{:.2f}",
                    "rouge_l_vs_vanilla": "{:.2f}", "nll_ratio": "{:.3f}", "retrieval_step_share": "{:.2f}",
-                   "trigger_rate": "{:.2f}", "relaxed_per_token": "{:.3f}", "trie_branching": "{:.2f}"}
+                   "trigger_rate": "{:.2f}", "relaxed_per_token": "{:.3f}", "trie_branching": "{:.2f}",
+                   **{f"accept_at_depth_{d}": "{:.2f}" for d in range(1, SUMMARY_DEPTHS + 1)},
+                   "tokens_per_forward": "{:.2f}", "step_cost": "{:.2f}", "verify_ms_per_forward": "{:.1f}",
+                   "draft_ms_per_forward": "{:.1f}", "other_ms_per_forward": "{:.1f}",
+                   "predicted_tokens": "{:.2f}", "realised_tokens": "{:.2f}"}
 
 
 def _repeated(summary: "pandas.DataFrame") -> bool:

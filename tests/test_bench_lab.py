@@ -120,7 +120,8 @@ def test_a_rerun_skips_finished_records_and_redoes_a_cut_one(tmp_path, monkeypat
     _, third = _bench(tmp_path, ["vanilla", "sam"])
     assert calls == [QUESTIONS[-1].question_id], "only the cut record reruns"
     assert [json.loads(x)["tokens"] for x in path.read_text().splitlines()] == [json.loads(x)["tokens"] for x in lines]
-    timing = ["tokens_per_s", "speedup_vs_vanilla", "speedup_std", "speedup_min", "speedup_max"]
+    timing = ["tokens_per_s", "speedup_vs_vanilla", "speedup_std", "speedup_min", "speedup_max",
+              "step_cost", "verify_ms_per_forward", "draft_ms_per_forward", "other_ms_per_forward"]
     pd.testing.assert_frame_equal(first.drop(columns=timing), third.drop(columns=timing))
 
 
@@ -250,3 +251,26 @@ def test_an_older_run_without_repeat_or_relax_mode_resumes(tmp_path, monkeypatch
     monkeypatch.setattr(bench, "run_question", lambda *a, **k: calls.append(1) or real(*a, **k))
     _bench(tmp_path, ["vanilla"])
     assert calls == []
+
+
+def test_summary_carries_acceptance_by_depth_and_the_speedup_factors():
+    van = {**_rec(1, "qa", "vanilla", new=10, wall=1.0, steps=9, committed=9),
+           "depth": {}, "totals": {"tokens": 10, "forwards": 10, "wall_ms": 1000.0, "verify_ms": 900.0}}
+    sam = {**_rec(1, "qa", "sam", new=10, wall=0.5, steps=3, committed=9),
+           "depth": {"reached": {"retrieval": [3, 2]}, "accepted": {"retrieval": [2, 1]}, "relaxed": {},
+                     "steps_reaching": [2, 1], "drafting_steps": {"retrieval": 3}, "held": {"retrieval": 3}},
+           "totals": {"tokens": 10, "forwards": 4, "wall_ms": 500.0, "prefill_ms": 20.0, "verify_ms": 300.0,
+                      "draft_ms": 50.0, "planned_steps": 3, "predicted_tokens": 7.5, "realised_tokens": 9}}
+    old = _rec(2, "qa", "sam", new=10, wall=0.5, steps=3, committed=9)          # predates the fields
+    s = summarize(pd.DataFrame([van, sam])).set_index(["category", "method"]).loc[("qa", "sam")]
+    assert s.accept_at_depth_1 == pytest.approx(2 / 3) and s.accept_at_depth_2 == pytest.approx(1 / 2)
+    assert s.accept_at_depth_3 != s.accept_at_depth_3, "no draft token reached depth 3: NaN"
+    assert s.reach_depth_1 == pytest.approx(2 / 3)
+    assert s.tokens_per_forward == pytest.approx(2.5) and s.step_cost == pytest.approx(125 / 100)
+    assert s.tokens_per_forward / s.step_cost == pytest.approx(s.speedup_vs_vanilla)
+    assert s.verify_ms_per_forward == pytest.approx(75.0) and s.draft_ms_per_forward == pytest.approx(12.5)
+    assert s.other_ms_per_forward == pytest.approx(125 - 75 - 12.5)
+    assert s.predicted_tokens == pytest.approx(2.5) and s.realised_tokens == pytest.approx(3.0)
+    legacy = summarize(pd.DataFrame([van, old])).set_index(["category", "method"]).loc[("qa", "sam")]
+    assert legacy.tokens_per_forward != legacy.tokens_per_forward, "records without the fields: NaN"
+    assert "accept_at_depth_1" in summary_table_markdown(summarize(pd.DataFrame([van, sam])))
