@@ -176,8 +176,10 @@ def _views(df, req: LabRequest, what, base):
     """(table, figure) for the records so far."""
     import pandas as pd
     import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
 
     from app import figures
+    from app.anatomy_view import waterfall_traces
     from respec.bench import summarize
     from respec.sweep import heatmap_figure, quality_metric, sweep_rows
 
@@ -186,14 +188,21 @@ def _views(df, req: LabRequest, what, base):
     if req.mode == "methods":
         s = summarize(df)
         cols = ["category", "method", "questions", "tokens_per_s", "speedup_vs_vanilla", "mean_accepted",
-                "exact_match_rate", "lossless_rate", "nll_ratio", "trigger_rate", "retrieval_step_share"]
-        table = s[cols].round(3)
-        fig = go.Figure()
+                "exact_match_rate", "lossless_rate", "nll_ratio", "trigger_rate", "retrieval_step_share",
+                "accept_at_depth_1", "accept_at_depth_2", "accept_at_depth_3", "tokens_per_forward", "step_cost",
+                "predicted_tokens", "realised_tokens"]
+        table = s[[c for c in cols if c in s]].round(3)
+        fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45], horizontal_spacing=0.1,
+                            subplot_titles=("speedup over vanilla (so far)", "overall: tokens/forward × cost"))
         for method in dict.fromkeys(s.method):
             part = s[s.method == method]
-            fig.add_bar(name=method, x=list(part.category), y=list(part.speedup_vs_vanilla))
-        fig.update_layout(title="speedup over vanilla (so far)", barmode="group", template="plotly_white",
-                          height=420, yaxis_title="speedup")
+            fig.add_trace(go.Bar(name=method, x=list(part.category), y=list(part.speedup_vs_vanilla)), row=1, col=1)
+        overall = s[(s.category == "overall") & (s.method != "vanilla") & s.tokens_per_forward.notna()]
+        for trace in waterfall_traces([(r.method, r.tokens_per_forward, r.tokens_per_forward / r.step_cost,
+                                        None if r.predicted_tokens != r.predicted_tokens else r.predicted_tokens)
+                                       for r in overall.itertuples()]):
+            fig.add_trace(trace, row=1, col=2)
+        fig.update_layout(barmode="group", template="plotly_white", height=420, yaxis_title="speedup")
         return table, fig
     method, grid = what
     quality = quality_metric(method, base)

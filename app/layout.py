@@ -82,6 +82,7 @@ def compare_tab(page: Page, hub: ModelHub, caps: Caps, start: dict[str, Any]) ->
                                      color_map=DIFF_COLORS, show_legend=True, visible=False, elem_id="token-diff")
     out["metrics"] = gr.HTML("", elem_id="metrics")
     out["metrics_plot"] = gr.Plot(label="acceptance and timing", show_label=False, elem_id="metrics-plot")
+    out["anatomy_plot"] = gr.Plot(label="why a draft pays or not", show_label=False, elem_id="anatomy-plot")
     page.history = tuning.build_history_panel()      # run history, baseline A (not in the outputs)
 
 

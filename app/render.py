@@ -19,6 +19,7 @@ import html
 import math
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from app import anatomy_view
 from app.text import COLORS, LEGEND, METRICS
 from respec.tokens import first_divergence as first_difference   # one rule for engine, bench and app
 
@@ -138,6 +139,8 @@ def run_metrics(result: GenerationResult, vanilla: GenerationResult | None = Non
         "prefill_ms": result.prefill_ms,
         "stop_reason": result.stop_reason,
         "seed": result.config.sampling.seed,
+        **anatomy_view.depth_metrics(result),
+        "anatomy": anatomy_view.anatomy_metrics(result, vanilla),
     }
     if vanilla is not None and vanilla.stats.tokens_per_s > 0:
         out["speedup"] = st.tokens_per_s / vanilla.stats.tokens_per_s
@@ -201,6 +204,11 @@ def metrics_rows(runs: Sequence[tuple[str, GenerationResult]], vanilla: Generati
         ("draft ms / step", lambda m: _fmt(m["draft_ms_per_step"], 1)),
         ("verify ms / step", lambda m: _fmt(m["verify_ms_per_step"], 1)),
         ("prefill ms", lambda m: _fmt(m["prefill_ms"], 0)),
+        ("accepted by draft depth", lambda m: " · ".join(f"{d}: {_fmt(r)}" for d, r in
+                                                          enumerate(m["accept_at_depth"][:4], 1)) or "–"),
+        ("speedup anatomy", lambda m: "–" if not m["anatomy"] else
+         f"{m['anatomy']['tokens_per_forward']:.2f} tokens/forward ÷ {m['anatomy']['step_cost']:.2f} "
+         f"step cost = {m['anatomy']['speedup']:.2f}×"),
     ]
     rows = [[name] + [fn(m) for m in ms] for name, fn in table]
     return headers, rows
@@ -429,6 +437,9 @@ def narrate(result: GenerationResult, index: int, decoder) -> str:
         lines.append(f"Accepted none of the {s.num_draft} drafts.")
     lines.append(f"Then the target added its own token {decoder.piece(s.verdict.next_token)!r} "
                  f"({s.verdict.next_kind}) → this step committed {len(s.new_tokens)} token(s).")
+    hold = anatomy_view.holds_sentence(result)
+    if hold:
+        lines.append(f"Over the whole run, {hold}.")
     return "  \n".join(html.escape(x, quote=False) if "**" not in x else x for x in lines)
 
 

@@ -53,6 +53,11 @@ METRICS = {
     "draft ms / step": "mean time to build the draft tree (retrieval lookup, EAGLE-2 head)",
     "verify ms / step": "mean time of the target forward over the tree plus verification",
     "prefill ms": "time of the prompt's forward pass",
+    "accepted by draft depth": "of the draft tokens the target reached at depth d (their parent was accepted), "
+                               "the share it accepted: where in a draft the target starts rejecting",
+    "speedup anatomy": "speedup = tokens per target forward (prefill counted) ÷ a forward's cost in plain "
+                       "forwards (this run's ms per forward / vanilla's): more accepted tokens can still mean "
+                       "less speed when each forward costs more",
 }
 
 ABOUT_MD = """\

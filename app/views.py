@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from app import figures, render, traces
+from app import anatomy_view, figures, render, traces
 from app.settings import COLUMN_METHODS, method_label
 from app.state import RUN_KEYS, SessionState
 from app.text import EMPTY_HINT
@@ -61,6 +61,7 @@ def comparison_update(state: SessionState) -> dict[str, Any]:
     note = "Speedups marked ≈ are estimates: tick “also run vanilla” to measure them." if vanilla is None and runs else ""
     out["metrics"] = render.metrics_html(runs, vanilla, note)
     out["metrics_plot"] = figures.metrics_figure(runs)
+    out["anatomy_plot"] = anatomy_view.anatomy_figure(runs, vanilla)
     return out
 
 
@@ -102,7 +103,7 @@ def step_views(state: SessionState, teaching: bool) -> dict[str, Any]:
     node_h, node_r = render.node_rows(step, dec)
     title = (f"{run.label} · step {i}: {step.source} drafted {step.num_draft}, accepted {step.num_accepted}"
              + (f" ({step.verdict.num_relaxed} relaxed)" if step.verdict.num_relaxed else ""))
-    return {"step_info": render.step_summary(res, i, dec),
+    return {"step_info": render.step_summary(res, i, dec) + "  \n" + anatomy_view.run_depth_line(res),
             "narration": render.narrate(res, i, dec) if teaching else "",
             "tree_plot": figures.tree_figure(step, dec, title),
             "entropy_plot": figures.entropy_figure(res, dec, selected=i, label=run.label),

@@ -87,6 +87,31 @@ def test_run_compare_on_the_default_model(page):
     page.screenshot(path=str(SHOTS / "compare.png"), full_page=True)
 
 
+def test_why_a_draft_pays_acceptance_by_position_and_the_waterfall(page):
+    """With vanilla in the run: the anatomy chart draws acceptance by draft position (one line per
+    run) and the speedup's waterfall with data, the metrics table states the factors, and the step
+    explorer says how the run on screen accepted by position."""
+    page.locator("#include-vanilla label").click()
+    page.locator("#prompt textarea").fill("Count from one to ten in words, then count again.")
+    page.locator("#run").click()
+    expect(page.locator("#status")).to_contain_text("done", timeout=300_000)
+    plot = page.locator("#anatomy-plot")
+    expect(plot.locator(".js-plotly-plot")).to_be_visible(timeout=30_000)
+    expect(plot.locator("g.waterfalllayer g.trace").first).to_be_attached(timeout=30_000)
+    assert plot.locator("g.waterfalllayer g.trace").count() >= 2, "one waterfall per method against vanilla"
+    assert plot.locator("g.scatterlayer g.trace").count() >= 2, "acceptance-by-depth lines (and the cost curve)"
+    expect(plot).to_contain_text("accepted by draft position")
+    metrics = page.locator("#metrics")
+    expect(metrics).to_contain_text("speedup anatomy")
+    expect(metrics).to_contain_text("tokens/forward")
+    expect(metrics).to_contain_text("accepted by draft depth")
+    page.screenshot(path=str(SHOTS / "anatomy.png"), full_page=True)
+    page.get_by_role("tab", name="Step explorer").click()
+    expect(page.locator("#step-info")).to_contain_text("Accepted by draft position", timeout=30_000)
+    page.get_by_role("tab", name="Compare").click()
+    page.locator("#include-vanilla label").click()      # back as the other tests expect it
+
+
 def test_step_slider_changes_the_tree(page):
     page.get_by_role("tab", name="Step explorer").click()
     expect(page.locator("#tree-plot .js-plotly-plot")).to_be_visible(timeout=30_000)
@@ -164,6 +189,8 @@ def test_the_lab_runs_a_tiny_benchmark_and_offers_the_csv(page, tmp_path):
     expect(page.locator("#lab-status")).to_contain_text("Lab done: 2 runs", timeout=180_000)
     table = page.locator("#lab-table").inner_text()
     assert "overall" in table and "sam" in table and "vanilla" in table, table
+    assert "accept_at_depth_1" in table and "tokens_per_forward" in table, table
+    expect(page.locator("#lab-plot g.waterfalllayer g.trace").first).to_be_attached(timeout=30_000)
     expect(page.locator("#lab-download")).to_be_visible()
     page.screenshot(path=str(SHOTS / "lab.png"), full_page=True)
     page.get_by_role("tab", name="Compare").click()
