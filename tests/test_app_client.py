@@ -51,6 +51,21 @@ def test_compare_returns_both_texts_traces_and_metrics(client):
     assert metrics["respec"]["new_tokens"] == len(ra.tokens) == 12
 
 
+def test_compare_metrics_carry_acceptance_by_position_and_the_speedup_anatomy(client):
+    from respec.anatomy import acceptance_by_depth
+    _, _, ta, _, m = client.predict(REPEAT, '{"max_new_tokens": 12, "theta_H": 20, "include_vanilla": true}',
+                                    api_name="/compare")
+    metrics, ra = json.loads(m), result_from_json(ta)
+    respec = metrics["respec"]
+    want = acceptance_by_depth(ra.steps)
+    assert respec["accept_at_depth"] == [round(want.rate(d), 4) for d in range(1, len(respec["accept_at_depth"]) + 1)]
+    assert set(respec["drafts_hold"]) <= {"eagle", "retrieval"}
+    a = respec["anatomy"]
+    assert a["speedup"] == pytest.approx(respec["speedup"], rel=0.01), "the factors multiply back to the speedup"
+    assert a["tokens_per_forward"] == pytest.approx(len(ra.tokens) / (len(ra.steps) + 1), abs=1e-3)
+    assert metrics["vanilla"]["anatomy"]["tokens_per_forward"] == 1.0
+
+
 def test_empty_settings_mean_defaults(client):
     _, _, ta, _, _ = client.predict("w5 w6 w7", "{}", api_name="/compare")
     cfg = result_from_json(ta).config
