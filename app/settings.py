@@ -102,7 +102,7 @@ class Spec:
 
 
 SECTIONS = ("Run", "EAGLE-2 tree", "ReSpec · when (entropy trigger)", "ReSpec · what (candidates)",
-            "ReSpec · how (relaxed verification)", "SAM-Decoding")
+            "ReSpec · how (relaxed verification)", "SAM-Decoding", "SuffixDecoding")
 
 SPECS: tuple[Spec, ...] = (
     Spec("max_new_tokens", "max new tokens", "Run", 1, 512, 1,
@@ -152,6 +152,19 @@ SPECS: tuple[Spec, ...] = (
          "SAM retrieves when the suffix match is at least this long."),
     Spec("sam.n_predicts", "chain length", "SAM-Decoding", 1, 64, 1,
          "Tokens copied per retrieval chain."),
+    Spec("suffix.max_depth", "max depth", "SuffixDecoding", 1, 64, 1,
+         "Most tokens a suffix draft holds (the library's max_spec_tokens)."),
+    Spec("suffix.spec_factor", "spec factor", "SuffixDecoding", 0.0, 8.0, 0.1,
+         "Adaptive length: at most spec factor × match length + offset tokens."),
+    Spec("suffix.spec_offset", "spec offset", "SuffixDecoding", -8.0, 32.0, 0.5,
+         "…plus this many (may be negative)."),
+    Spec("suffix.min_prob", "min token prob", "SuffixDecoding", 0.0, 1.0, 0.01,
+         "Draft tokens whose estimated probability falls below this are left out."),
+    Spec("suffix.tree", "tree drafts (0/1)", "SuffixDecoding", 0, 1, 1,
+         "1 = branching drafts (use_tree_spec), 0 = one chain."),
+    Spec("suffix.global_cache", "global cache (0/1)", "SuffixDecoding", 0, 1, 1,
+         "1 = earlier requests' answers are a second source (kept across a Lab run's questions and "
+         "this deployment's runs), 0 = this request only."),
 )
 
 SPEC_BY_KEY = {s.key: s for s in SPECS}
@@ -196,7 +209,8 @@ def method_label(method: str) -> str:
     return {"respec": "ReSpec", "respec-strict": "ReSpec (strict)", "respec-no-gate": "ReSpec (no gate)",
             "respec-no-feedback": "ReSpec (no feedback)", "respec-no-model": "ReSpec (no model)",
             "respec-no-trigger": "ReSpec (SAM trigger, legacy)", "respec-no-ema": "ReSpec (earliest only, legacy)",
-            "sam": "SAM-Decoding", "eagle2": "EAGLE-2", "vanilla": "vanilla"}.get(method, method)
+            "sam": "SAM-Decoding", "suffix": "SuffixDecoding", "eagle2": "EAGLE-2",
+            "vanilla": "vanilla"}.get(method, method)
 
 
 # ------------------------------------------------------------------------------- values <-> config

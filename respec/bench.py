@@ -73,7 +73,12 @@ def parse_bench_methods(text: str | Sequence[str]) -> list[str]:
     """Engine methods and peers, in order, without duplicates. Raises ConfigError."""
     from respec.config import METHODS
     from respec.runner import parse_methods
-    return parse_methods(text, METHODS + PEERS)
+    methods = parse_methods(text, METHODS + PEERS)
+    if "suffix" in methods:
+        from respec.drafters.suffix import suffix_library
+        if suffix_library()[0] is None:
+            raise ConfigError(suffix_library()[1])
+    return methods
 
 
 def _record(q: Question, method: str, *, new_tokens: int, wall: float, steps: int, committed: int,

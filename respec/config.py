@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from respec.errors import ConfigError
 
@@ -33,6 +33,9 @@ METHOD_INFO: dict[str, str] = {
                           "then recency, no EMA update, no score filter (every score stays S0)",
     "respec-no-model": "ReSpec without the model fallback: retrieval only, a root-only step where "
                        "ReSpec would let EAGLE-2 draft",
+    "suffix": "SuffixDecoding (arctic-inference's SuffixDecodingCache): tree drafts from a suffix tree over "
+              "this request's prompt and output and a global tree of earlier responses; a plain step when "
+              "nothing matches (needs the arctic-inference package)",
     # Legacy ablations (kept so old traces and commands load; they swap a part for SAM's, so they
     # do not isolate one part: prefer respec-no-gate / respec-no-feedback).
     "respec-no-trigger": "legacy: the entropy gate replaced by SAM's rule (match >= sam.len_threshold)",
@@ -135,14 +138,19 @@ class TreeConfig:
                                  # (respec/drafters/eagle2.py `_expand_rule`); false = always `depth`
 
     def __post_init__(self) -> None:
-        for name in ("auto", "depth_cut"):
-            value = getattr(self, name)
-            if not isinstance(value, bool):
-                if isinstance(value, (int, float)) and value in (0, 1):
-                    object.__setattr__(self, name, bool(value))
-                else:
-                    raise ConfigError(f"TreeConfig.{name} must be true or false, got {value!r}")
+        _validate_switches(self, ("auto", "depth_cut"))
         _validate_ranges(self)
+
+
+def _validate_switches(obj: object, names: Sequence[str]) -> None:
+    """Boolean settings: true/false (0/1 become booleans), anything else one ConfigError."""
+    for name in names:
+        value = getattr(obj, name)
+        if not isinstance(value, bool):
+            if isinstance(value, (int, float)) and value in (0, 1):
+                object.__setattr__(obj, name, bool(value))
+            else:
+                raise ConfigError(f"{type(obj).__name__}.{name} must be true or false, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -154,6 +162,25 @@ class SamConfig:
     len_threshold: int = _ranged(5, 1, 1024, integer=True)  # minimum match length to draft by retrieval
 
     def __post_init__(self) -> None:
+        _validate_ranges(self)
+
+
+@dataclass(frozen=True)
+class SuffixConfig:
+    """SuffixDecoding (arXiv 2411.04975) through arctic-inference: a draft of at most
+    min(max_depth, spec_factor x match length + spec_offset) tokens whose estimated probability
+    stays >= min_prob, a tree with `tree` (use_tree_spec), from this request's suffix tree or the
+    global tree of earlier responses (kept across the requests of one runner: a CLI bench, a Lab
+    run, the app's model) when `global_cache`."""
+    max_depth: int = _ranged(24, 1, 64, integer=True)         # max_spec_tokens (the library's trees keep 64)
+    spec_factor: float = _ranged(1.0, 0.0, 16.0)              # max_spec_factor
+    spec_offset: float = _ranged(0.0, -16.0, 64.0)            # max_spec_offset
+    min_prob: float = _ranged(0.1, 0.0, 1.0)                  # min_token_prob
+    tree: bool = True                                          # use_tree_spec
+    global_cache: bool = True                                  # earlier responses as a second source
+
+    def __post_init__(self) -> None:
+        _validate_switches(self, ("tree", "global_cache"))
         _validate_ranges(self)
 
 
@@ -226,7 +253,7 @@ class RelaxConfig:
         _validate_ranges(self)
 
 
-_SECTIONS = {"sampling": SamplingConfig, "tree": TreeConfig, "sam": SamConfig,
+_SECTIONS = {"sampling": SamplingConfig, "tree": TreeConfig, "sam": SamConfig, "suffix": SuffixConfig,
              "trigger": TriggerConfig, "candidates": CandidateConfig, "relax": RelaxConfig}
 
 #: Short aliases accepted by `with_overrides` (the names the UI and issues use).
@@ -253,6 +280,7 @@ class EngineConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     tree: TreeConfig = field(default_factory=TreeConfig)
     sam: SamConfig = field(default_factory=SamConfig)
+    suffix: SuffixConfig = field(default_factory=SuffixConfig)
     trigger: TriggerConfig = field(default_factory=TriggerConfig)
     candidates: CandidateConfig = field(default_factory=CandidateConfig)
     relax: RelaxConfig = field(default_factory=RelaxConfig)

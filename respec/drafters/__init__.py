@@ -3,7 +3,9 @@
 `make_drafter(method, target, config, head=None)` builds the drafter of a method. EAGLE-based
 methods use `head` if given, else a seeded random head (lossless but accepts little). The ReSpec
 family (respec, respec-strict and the ablations) is one drafter with the parts of its method's
-`respec.drafters.respec.VARIANTS` entry; respec-no-model builds no EAGLE drafter.
+`respec.drafters.respec.VARIANTS` entry; respec-no-model builds no EAGLE drafter. `suffix` is
+SuffixDecoding through arctic-inference (respec/drafters/suffix.py): ConfigError in one line where
+that package cannot be imported.
 """
 from __future__ import annotations
 
@@ -16,7 +18,9 @@ __all__ = ["Candidate", "CandidateOutcome", "Decision", "DraftContext", "Drafter
            "make_drafter"]
 
 
-def make_drafter(method: str, target, config: EngineConfig, head=None) -> Drafter:
+def make_drafter(method: str, target, config: EngineConfig, head=None, memory=None) -> Drafter:
+    """`memory`: the runner's SuffixMemory (the `suffix` method's cache across requests; a fresh one
+    when None)."""
     from respec.drafters.eagle2 import Eagle2Drafter
     from respec.drafters.eagle_head import random_head
     from respec.drafters.respec import VARIANTS, ReSpecDrafter
@@ -27,6 +31,10 @@ def make_drafter(method: str, target, config: EngineConfig, head=None) -> Drafte
         raise ConfigError(f"method {method!r} is not available; choose one of {', '.join(METHODS)}")
     if method == "vanilla":
         return VanillaDrafter()
+    if method == "suffix":
+        from respec.drafters.suffix import SuffixDrafter, SuffixMemory
+        return SuffixDrafter(config.suffix, memory if memory is not None else SuffixMemory(),
+                             stop_token_ids=target.eos_token_ids)
     variant = VARIANTS.get(method)
     if variant is not None and not variant.fallback:       # retrieval only: no EAGLE head at all
         return ReSpecDrafter(None, config, variant=variant, name=method, stop_token_ids=target.eos_token_ids)
