@@ -21,7 +21,7 @@ from app import render
 from app.decoders import TokenizerDecoder
 from app.hub import ModelHub
 from app.runs import finish_run, parse_prompt, plan_methods, stream_run
-from app.settings import Caps, build_config, parse_settings_json, split_app_options
+from app.settings import COLUMN_A_KEY, Caps, build_config, parse_settings_json, split_app_options
 from app.traces import MAX_TRACE_BYTES
 from respec.errors import PromptError, TraceFormatError
 from respec.trace import GenerationResult, result_from_json, result_to_json
@@ -37,7 +37,7 @@ def compare_api(hub: ModelHub, caps: Caps, prompt: str, settings_json: str = "{}
     flat = parse_settings_json(settings_json)
     _, app = split_app_options(flat)
     device = hub.device()
-    plan = plan_methods(bool(app.get("include_vanilla", False)))
+    plan = plan_methods(bool(app.get("include_vanilla", False)), app.get(COLUMN_A_KEY, "respec"))
     configs = {key: build_config(flat, method, device, caps) for key, method in plan}
     runner = hub.runner()
     results: dict[str, GenerationResult] = {}

@@ -29,7 +29,7 @@ from app import render, traces
 from app.decoders import TokenizerDecoder
 from app.hub import ModelHub, _default_factory, choice_label  # noqa: F401 - old import path (see above)
 from app.runs import finish_run, parse_prompt, plan_methods, stream_run
-from app.settings import Caps, build_config, env_float, method_label
+from app.settings import COLUMN_A_KEY, Caps, build_config, env_float, method_label, split_app_options
 from app.state import RUN_KEYS, Run, SessionState
 from app.text import STOPPED
 from app.views import (banner_update, column_header, downloads_update, explorer_update, full_update, outputs_update,
@@ -62,7 +62,7 @@ def _compare_stream(hub: ModelHub, caps: Caps, prompt: str, values: Mapping[str,
         return
     try:
         caps.check_prompt(prompt)
-        plan = plan_methods(include_vanilla)
+        plan = plan_methods(include_vanilla, split_app_options(values)[1].get(COLUMN_A_KEY, "respec"))
         device = hub.device()
         configs = {key: build_config(values, method, device, caps) for key, method in plan}
     except PromptError as exc:

@@ -20,7 +20,7 @@ import gradio as gr
 from app import traces, tuning
 from app.hub import ModelHub, choice_label
 from app.render import colors
-from app.settings import PRESET_HELP, PRESETS, SECTIONS, SPECS, Caps
+from app.settings import COLUMN_A_METHODS, PRESET_HELP, PRESETS, SECTIONS, SPECS, Caps, method_label
 from app.text import ABOUT_MD, API_MD, DIFF_COLORS, EMPTY_HINT, INTRO, LEGEND_MD, STEP_HELP, TUNING_MD
 from app.views import column_header
 
@@ -67,6 +67,9 @@ def compare_tab(page: Page, hub: ModelHub, caps: Caps, start: dict[str, Any]) ->
         inp["include_vanilla"] = gr.Checkbox(False, label="also run vanilla (measured speedup)",
                                              elem_id="include-vanilla")
         inp["show_rejected"] = gr.Checkbox(False, label="show rejected drafts", elem_id="show-rejected")
+        inp["column_a"] = gr.Dropdown([(method_label(m), m) for m in COLUMN_A_METHODS], value="respec",
+                                      label="left column runs", elem_id="column-a",
+                                      info="against EAGLE-2 on the right")
         inp["repeats"] = gr.Slider(1, tuning.MAX_REPEATS, value=1, step=1, elem_id="repeats",
                                    label="repeat ×N (same settings; median and spread of tokens/s)")
     examples = traces.example_prompts()
@@ -129,7 +132,7 @@ def output_columns(page: Page) -> None:
     with gr.Row(equal_height=False):
         for key, elem in (("respec", "respec-output"), ("eagle", "eagle-output"), ("vanilla", "vanilla-output")):
             with gr.Column(visible=key != "vanilla", min_width=320) as col:
-                out[f"{key}_header"] = gr.Markdown(column_header(key))
+                out[f"{key}_header"] = gr.Markdown(column_header(key), elem_id=f"{key}-header")
                 out[f"{key}_out"] = gr.HighlightedText(
                     [], label="output (colour = who drafted each token)", color_map=colors(),
                     show_legend=True, combine_adjacent=False, elem_id=elem, show_label=False,

@@ -97,6 +97,8 @@ def parse_prompt(text: str) -> str | list[dict]:
     return text
 
 
-def plan_methods(include_vanilla: bool) -> list[tuple[str, str]]:
-    """(column, method) in run order: ReSpec, EAGLE-2, optionally vanilla."""
-    return [(key, method) for key, method in COLUMN_METHODS.items() if include_vanilla or key != "vanilla"]
+def plan_methods(include_vanilla: bool, column_a: str = "respec") -> list[tuple[str, str]]:
+    """(column, method) in run order: ReSpec (or the left column's `column_a` method), EAGLE-2,
+    optionally vanilla."""
+    return [(key, column_a if key == "respec" else method) for key, method in COLUMN_METHODS.items()
+            if include_vanilla or key != "vanilla"]

@@ -171,6 +171,11 @@ SPEC_BY_KEY = {s.key: s for s in SPECS}
 
 #: App-level keys accepted in settings next to the EngineConfig keys (true / false).
 APP_KEYS = ("include_vanilla",)
+#: The app-level key naming the method of the left compare column (default "respec"), and its
+#: choices: a ReSpec variant or one of the retrieval peers, always against EAGLE-2 on the right.
+COLUMN_A_KEY = "column_a"
+COLUMN_A_METHODS = ("respec", "respec-strict", "respec-no-gate", "respec-no-feedback", "respec-no-model", "sam",
+                    "suffix")
 #: The settings key that names an engine preset (respec.config.PRESETS) to start from instead of
 #: the device defaults: `{"preset": "paper", "theta_H": 2}`.
 PRESET_KEY = "preset"
@@ -250,10 +255,16 @@ def _as_bool(key: str, value: Any) -> bool:
 
 
 def split_app_options(values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Separate app-level keys (include_vanilla, preset) from EngineConfig keys."""
+    """Separate app-level keys (include_vanilla, column_a, preset) from EngineConfig keys."""
     flat = flatten_settings(values)
     flat.pop("method", None)            # the page chooses each column's method
     app: dict[str, Any] = {k: _as_bool(k, flat.pop(k)) for k in APP_KEYS if k in flat}
+    if COLUMN_A_KEY in flat:
+        method = flat.pop(COLUMN_A_KEY)
+        if method not in COLUMN_A_METHODS:
+            raise ConfigError(f"{COLUMN_A_KEY} {method!r} is not a method the left column runs; choose one of "
+                              f"{', '.join(COLUMN_A_METHODS)}")
+        app[COLUMN_A_KEY] = method
     if PRESET_KEY in flat:
         app[PRESET_KEY] = _preset_name(flat.pop(PRESET_KEY))
     return flat, app

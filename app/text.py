@@ -95,7 +95,9 @@ Both traces are the engine's versioned JSON (prompt, settings and seed inside): 
 here under *Trace files*, or with `python -m respec replay`. `metrics` is JSON with one entry per
 method. Settings accept dotted keys (`"tree.total_tokens": 12`), nested objects, the short names
 θ_H → `theta_H`, `l`, `lambda_e`, `alpha`, `S0`, `theta_score`, `K`, `L_max`, `L_min`, `beta`,
-`tau`, `w`, `budget`, `auto` (EAGLE-2 tree auto-pruning), plus `"include_vanilla": true`.
+`tau`, `w`, `budget`, `auto` (EAGLE-2 tree auto-pruning), plus `"include_vanilla": true` and
+`"column_a"`: the method of the left column (`respec` by default; a ReSpec variant, `sam` or
+`suffix`), always against EAGLE-2.
 Defaults are the paper's thresholds with the engine's device defaults for tree sizes.
 Out-of-range values come back as an error naming the setting and its range.
 

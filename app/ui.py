@@ -30,7 +30,7 @@ from app.gpu import ZERO_GPU, gpu
 from app.hub import ModelHub
 from app.lab import lab_request, lab_stream
 from app.layout import Page
-from app.settings import SPECS, Caps, env_int, non_default, preset_values
+from app.settings import COLUMN_A_KEY, SPECS, Caps, env_int, non_default, preset_values
 from app.state import SessionState
 from app.text import STOPPED, TITLE
 from respec.errors import RespecError
@@ -134,13 +134,14 @@ def _wire_compare(page: Page, state, hub: ModelHub, caps: Caps, device: str, gpu
     auto = inp["auto"]
 
     @gpu(duration=gpu_s)
-    def run_compare(prompt, include_v, show_rej, teach, model_spec, auto_on, *rest):
+    def run_compare(prompt, include_v, show_rej, teach, model_spec, column_a, auto_on, *rest):
         *vals, st, reps, metric = rest
-        yield from tuning.compare_with_history(hub, caps, prompt, _values_of(auto_on, *vals), include_v, show_rej,
+        values = _values_of(auto_on, *vals) | {COLUMN_A_KEY: column_a or "respec"}
+        yield from tuning.compare_with_history(hub, caps, prompt, values, include_v, show_rej,
                                                teach, st, model_spec, reps, metric)
 
-    run_inputs = [comps["prompt"], inp["include_vanilla"], inp["show_rejected"], inp["teaching"], inp["model"], auto,
-                  *controls, state, inp["repeats"], hist["metric"]]
+    run_inputs = [comps["prompt"], inp["include_vanilla"], inp["show_rejected"], inp["teaching"], inp["model"],
+                  inp["column_a"], auto, *controls, state, inp["repeats"], hist["metric"]]
     hist_outputs = [hist[k] for k in tuning.HISTORY_OUTPUTS]
     # Run: a quick unqueued claim (a second press while this tab's run is going gets a message
     # instead of a second run), then the queued run in the shared "gpu" group. Stop cancels it.

@@ -112,6 +112,21 @@ def test_why_a_draft_pays_acceptance_by_position_and_the_waterfall(page):
     page.locator("#include-vanilla label").click()      # back as the other tests expect it
 
 
+def test_the_left_column_runs_suffix_decoding(page):
+    from respec.drafters.suffix import suffix_library
+    if suffix_library()[0] is None:
+        pytest.skip("arctic-inference is not built here")
+    page.locator("#column-a input").click()
+    page.get_by_role("option", name="SuffixDecoding").click()
+    page.locator("#prompt textarea").fill("Say hello three times.")
+    page.locator("#run").click()
+    expect(page.locator("#status")).to_contain_text("done", timeout=300_000)
+    expect(page.locator("#respec-header")).to_contain_text("SuffixDecoding")
+    expect(page.locator("#metrics")).to_contain_text("SuffixDecoding")
+    page.locator("#column-a input").click()
+    page.get_by_role("option", name="ReSpec", exact=True).click()      # back as the other tests expect it
+
+
 def test_step_slider_changes_the_tree(page):
     page.get_by_role("tab", name="Step explorer").click()
     expect(page.locator("#tree-plot .js-plotly-plot")).to_be_visible(timeout=30_000)

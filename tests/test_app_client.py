@@ -66,6 +66,21 @@ def test_compare_metrics_carry_acceptance_by_position_and_the_speedup_anatomy(cl
     assert metrics["vanilla"]["anatomy"]["tokens_per_forward"] == 1.0
 
 
+def test_the_left_column_can_run_suffix_decoding_or_another_peer(client):
+    from respec.drafters.suffix import suffix_library
+    if suffix_library()[0] is None:
+        pytest.skip("arctic-inference is not built here")
+    a, _, ta, tb, m = client.predict(REPEAT, '{"max_new_tokens": 12, "column_a": "suffix", "include_vanilla": true}',
+                                     api_name="/compare")
+    ra, rb = result_from_json(ta), result_from_json(tb)
+    metrics = json.loads(m)
+    assert ra.config.method == "suffix" and rb.config.method == "eagle2"
+    assert metrics["comparison"]["respec_column_method"] == "suffix"
+    assert metrics["comparison"]["equal_to_vanilla"]["respec"], "SuffixDecoding is lossless"
+    with pytest.raises(AppError, match="column_a"):
+        client.predict(REPEAT, '{"column_a": "eagle2"}', api_name="/compare")
+
+
 def test_empty_settings_mean_defaults(client):
     _, _, ta, _, _ = client.predict("w5 w6 w7", "{}", api_name="/compare")
     cfg = result_from_json(ta).config
