@@ -335,7 +335,9 @@ def candidate_rows(step: StepTrace, decoder) -> tuple[list[str], list[list[Any]]
         row = []
         for k in keys:
             v = c.get(k)
-            if isinstance(v, (list, tuple)) and all(isinstance(t, int) for t in v):
+            if k == "origin":                  # ReSpec's cross-request memory tags its positions
+                v = "an earlier answer" if v == "memory" else "this request"
+            elif isinstance(v, (list, tuple)) and all(isinstance(t, int) for t in v):
                 v = "".join(decoder.piece(t) for t in v) if k in ("tokens", "draft", "proposed_tokens") else str(list(v))
             elif isinstance(v, float):
                 v = _round(v)

@@ -140,6 +140,9 @@ SPECS: tuple[Spec, ...] = (
          "Nodes of the retrieval trie, root included."),
     Spec("candidates.max_positions", "positions examined", "ReSpec · what (candidates)", 1, 256, 1,
          "Earlier match positions examined per step."),
+    Spec("candidates.memory_tokens", "memory (tokens)", "ReSpec · what (candidates)", 0, 8192, 64,
+         "Also retrieve from earlier answers (this deployment's runs, a Lab run's earlier questions), the "
+         "newest within this many tokens; 0 = this request only (default)."),
     Spec("relax.beta", "β (top-β)", "ReSpec · how (relaxed verification)", 1, 50, 1,
          "A relaxed token must be in the target's top-β."),
     Spec("relax.tau", "τ (nats)", "ReSpec · how (relaxed verification)", 0.0, 10.0, 0.1,

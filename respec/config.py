@@ -216,6 +216,9 @@ class CandidateConfig:
     min_match: int = _ranged(3, 1, 64, integer=True)  # L_min: minimum match length to consider retrieval
     max_positions: int = _ranged(64, 1, 4096, integer=True)  # end positions examined per step
     trie_order: str = "probability"  # which trie nodes are kept first (TRIE_ORDERS)
+    # cross-request memory: also retrieve from the newest earlier answers of the same runner (a
+    # bench's or Lab run's earlier questions, the app's earlier runs) within this many tokens; 0 = off
+    memory_tokens: int = _ranged(0, 0, 65536, integer=True)
 
     def __post_init__(self) -> None:
         _validate_ranges(self)

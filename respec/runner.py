@@ -71,11 +71,11 @@ class Runner:
     def __init__(self, target, head: str | None = None) -> None:
         from respec.drafters.eagle_head import load_eagle_head, random_head
 
-        from respec.drafters.suffix import SuffixMemory
+        from respec.drafters.suffix import RunnerMemory
 
         self.target = target
         self.tokenizer = target.tokenizer
-        self.memory = SuffixMemory()           # the suffix method's trees across this runner's requests
+        self.memory = RunnerMemory()           # suffix trees and earlier answers across this runner's requests
         spec = target.loaded.spec if target.loaded is not None else ""
         if head:
             self.head = load_eagle_head(head, target)       # a directory, or a Hub id (resolve_head_dir)
@@ -144,13 +144,23 @@ class Runner:
         ids = self.encode(prompt, chat=chat)
         result = self.engine(config).generate(ids)
         result.meta.update(self.meta(config, prompt))
+        self.memory.answers.add(result.tokens)
         return result
 
     def stream(self, prompt: str | list[dict], config: EngineConfig, chat: bool = True,
                max_prompt_tokens: int | None = None) -> tuple[Engine, list[int], Iterator[StepTrace]]:
+        """The engine, the prompt's ids and its steps as they come; a run streamed to its end joins
+        the earlier answers (`memory`)."""
         ids = self.encode(prompt, chat=chat, max_tokens=max_prompt_tokens)
         engine = self.engine(config)
-        return engine, ids, engine.stream(ids)
+
+        def steps() -> Iterator[StepTrace]:
+            done = []
+            for s in engine.stream(ids):
+                done.append(s)
+                yield s
+            self.memory.answers.add(engine.assemble(ids, done, 0.0, final=False).tokens)
+        return engine, ids, steps()
 
 
 def parse_methods(text: str | Sequence[str], allowed: Sequence[str] | None = None) -> list[str]:

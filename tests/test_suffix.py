@@ -10,7 +10,7 @@ import pytest
 from respec.config import EngineConfig
 from respec.drafters import make_drafter
 from respec.drafters import suffix as suffix_mod
-from respec.drafters.suffix import SuffixMemory, library_tree, suffix_library
+from respec.drafters.suffix import RunnerMemory, library_tree, suffix_library
 from respec.errors import ConfigError
 from tests.conftest import EOS, make_target, run
 
@@ -69,7 +69,7 @@ def test_the_global_cache_carries_from_one_bench_question_to_the_next(tmp_path, 
     assert first["tokens"] == second["tokens"]
     if global_cache:
         assert second["steps"] < first["steps"], (first["steps"], second["steps"])
-        assert runner.memory.cached_responses() >= 2
+        assert runner.memory.suffix.cached_responses() >= 2
     else:
         assert second["steps"] == first["steps"]
 
@@ -88,7 +88,7 @@ def test_without_the_library_suffix_is_refused_in_one_line_and_the_rest_runs(mon
     target = make_target("llama")
     cfg = EngineConfig().with_overrides({"method": "suffix"})
     with pytest.raises(ConfigError) as err:
-        make_drafter("suffix", target, cfg, memory=SuffixMemory())
+        make_drafter("suffix", target, cfg, memory=RunnerMemory())
     assert "arctic-inference" in str(err.value) and "\n" not in str(err.value)
     from respec.bench import parse_bench_methods
     with pytest.raises(ConfigError, match="arctic-inference"):

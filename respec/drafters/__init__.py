@@ -19,8 +19,8 @@ __all__ = ["Candidate", "CandidateOutcome", "Decision", "DraftContext", "Drafter
 
 
 def make_drafter(method: str, target, config: EngineConfig, head=None, memory=None) -> Drafter:
-    """`memory`: the runner's SuffixMemory (the `suffix` method's cache across requests; a fresh one
-    when None)."""
+    """`memory`: the runner's RunnerMemory (the `suffix` method's trees and ReSpec's earlier answers
+    across requests; nothing carried over when None)."""
     from respec.drafters.eagle2 import Eagle2Drafter
     from respec.drafters.eagle_head import random_head
     from respec.drafters.respec import VARIANTS, ReSpecDrafter
@@ -33,11 +33,13 @@ def make_drafter(method: str, target, config: EngineConfig, head=None, memory=No
         return VanillaDrafter()
     if method == "suffix":
         from respec.drafters.suffix import SuffixDrafter, SuffixMemory
-        return SuffixDrafter(config.suffix, memory if memory is not None else SuffixMemory(),
+        return SuffixDrafter(config.suffix, memory.suffix if memory is not None else SuffixMemory(),
                              stop_token_ids=target.eos_token_ids)
+    answers = memory.answers if memory is not None else None
     variant = VARIANTS.get(method)
     if variant is not None and not variant.fallback:       # retrieval only: no EAGLE head at all
-        return ReSpecDrafter(None, config, variant=variant, name=method, stop_token_ids=target.eos_token_ids)
+        return ReSpecDrafter(None, config, variant=variant, name=method, stop_token_ids=target.eos_token_ids,
+                             answers=answers)
     eagle = Eagle2Drafter(target, head if head is not None else random_head(target), config.tree)
     if method == "eagle2":
         return eagle
@@ -45,4 +47,5 @@ def make_drafter(method: str, target, config: EngineConfig, head=None, memory=No
         return SamDrafter(eagle, config.sam, stop_token_ids=target.eos_token_ids)
     if variant is None:
         raise ConfigError(f"method {method!r} has no drafter")
-    return ReSpecDrafter(eagle, config, variant=variant, name=method, stop_token_ids=target.eos_token_ids)
+    return ReSpecDrafter(eagle, config, variant=variant, name=method, stop_token_ids=target.eos_token_ids,
+                         answers=answers)

@@ -68,10 +68,14 @@ class Candidate:
     draft: tuple[int, ...] | None = None     # the tokens it offers (None: not chosen)
     proposed: int | None = None              # leading draft tokens that made it into the trie
     outcome: CandidateOutcome | None = None
+    origin: str = "context"                  # "context" (this request) | "memory" (an earlier answer:
+                                             # end_pos = -(1 + its position in the memory corpus))
 
     def to_dict(self) -> dict:
         d = {"end_pos": self.end_pos, "match_len": self.match_len, "inherited_from": self.inherited_from,
              "score_before": self.score_before, "qualified": self.qualified}
+        if self.origin != "context":
+            d["origin"] = self.origin
         if self.draft is not None:
             d["draft"] = list(self.draft)
         if self.proposed is not None:

@@ -11,6 +11,11 @@ its most probable nodes (continuation rate x candidate scores, see `_trie`), as 
 model says pay (tree.auto) or the trie budget holds. The inner EAGLE-2
 drafter is kept in sync on every step (catch-up), whichever source drafted.
 
+Cross-request memory (`candidates.memory_tokens` > 0): the newest earlier answers of the runner
+(respec/retrieval/answers.py), within that many tokens, are searched beside the context; their
+positions are candidates like any other (scored, inherited, ranked; a context position wins a
+tie), keyed -(1 + position) and tagged `origin="memory"` so the explorer says "an earlier answer".
+
 Variants (`Variant`, one per method in `VARIANTS`; the ablations remove one part each):
 - `trigger`: "entropy" (ReSpec's gate), "off" (no gate: retrieve whenever a match >= L_min exists;
   the gate's would-be outcome is kept in the decision's extra) or "match" (legacy
@@ -37,6 +42,7 @@ from respec.cost import AutoDecision, ContinuationEstimator, SizePlan, ancestor_
 from respec.drafters.base import Candidate, CandidateOutcome, Decision, DraftContext, Proposal, StepOutcome
 from respec.drafters.eagle2 import Eagle2Drafter
 from respec.retrieval import NgramPositionIndex, SuffixAutomaton
+from respec.retrieval.answers import AnswerMemory, MemoryIndex
 from respec.tokens import common_prefix_len, cut_at_stop
 from respec.tree import DraftTree
 
@@ -110,7 +116,8 @@ def draft_length(l_max: int, score: float) -> int:
 # ---------------------------------------------------------------------------- the drafter
 class ReSpecDrafter:
     def __init__(self, eagle: Eagle2Drafter | None, config: EngineConfig, *, variant: Variant = Variant(),
-                 stop_token_ids: frozenset[int] = frozenset(), name: str = "respec") -> None:
+                 stop_token_ids: frozenset[int] = frozenset(), name: str = "respec",
+                 answers: AnswerMemory | None = None) -> None:
         if variant.fallback and eagle is None:
             raise ValueError("a ReSpec variant with the model fallback needs an EAGLE-2 drafter")
         self.name = name
@@ -124,9 +131,11 @@ class ReSpecDrafter:
         self.trigger = variant.trigger
         self.selection = variant.selection
         self.stop = frozenset(stop_token_ids)
+        self.answers = answers                   # earlier answers (candidates.memory_tokens > 0)
         self._init_state()
 
     def _init_state(self) -> None:
+        self.memory: MemoryIndex | None = None    # this request's view of the earlier answers
         self.sam = SuffixAutomaton()
         self.index = NgramPositionIndex(qmax=8)
         self.scores: dict[int, float] = {}       # S_e, keyed by end position e in hist
@@ -138,6 +147,8 @@ class ReSpecDrafter:
         self._init_state()
         self.sam.extend(prompt)
         self.index.extend(prompt)
+        if self.cand_cfg.memory_tokens and self.answers is not None and len(self.answers):
+            self.memory = MemoryIndex(self.answers.corpus(self.cand_cfg.memory_tokens))
         if self.eagle is not None:
             self.eagle.reset(prompt, prompt_hidden)
 
@@ -175,24 +186,26 @@ class ReSpecDrafter:
             return [Candidate(end_pos=cont.end, match_len=cont.match_length, inherited_from=None,
                               score_before=None, qualified=True, draft=tuple(cut_at_stop(cont.tokens, self.stop)))]
         tail = list(hist[-QUERY_TAIL:]) + [ctx.root]
-        found = self.index.positions(tail, min_match=c.min_match, max_n=c.max_positions,
-                                     max_examined=c.max_positions)
+        found = [(mp.end, mp.match_length, "context") for mp in
+                 self.index.positions(tail, min_match=c.min_match, max_n=c.max_positions, max_examined=c.max_positions)]
+        if self.memory is not None:          # earlier answers: keyed -(1 + position), so never a context key
+            found += [(-1 - mp.end, mp.match_length, "memory") for mp in
+                      self.memory.positions(tail, min_match=c.min_match, max_n=c.max_positions)]
         if self.selection == "recency":      # ablation: no feedback, every score stays S0, no filter
-            out = [Candidate(end_pos=mp.end, match_len=mp.match_length, inherited_from=None,
-                             score_before=c.s0, qualified=True) for mp in found]
+            out = [Candidate(end_pos=e, match_len=m, inherited_from=None, score_before=c.s0, qualified=True,
+                             origin=origin) for e, m, origin in found]
             chosen = sorted(out, key=lambda x: (x.match_len, x.end_pos), reverse=True)[:c.top_k]
         else:
             out = []
-            for mp in found:
-                e = mp.end
+            for e, m, origin in found:
                 inherited = None
                 if e not in self.scores:
                     pred = self.pred_of.get(e)
                     inherited = pred if pred is not None and pred in self.scores else None
                     self.scores[e] = self.scores[pred] if inherited is not None else c.s0
                 s = self.scores[e]
-                out.append(Candidate(end_pos=e, match_len=mp.match_length, inherited_from=inherited,
-                                     score_before=s, qualified=s >= c.theta_score))
+                out.append(Candidate(end_pos=e, match_len=m, inherited_from=inherited,
+                                     score_before=s, qualified=s >= c.theta_score, origin=origin))
             ranked = sorted((x for x in out if x.qualified),
                             key=lambda x: (x.score_before, x.match_len, x.end_pos), reverse=True)
             chosen = ranked[:c.top_k]
@@ -200,7 +213,9 @@ class ReSpecDrafter:
         drafted = []
         for x in chosen:
             n = draft_length(c.l_max, x.score_before)
-            draft = cut_at_stop(hist[x.end_pos + 1:x.end_pos + 1 + n], self.stop)
+            copied = (hist[x.end_pos + 1:x.end_pos + 1 + n] if x.end_pos >= 0
+                      else self.memory.continuation(-1 - x.end_pos, n))
+            draft = cut_at_stop(copied, self.stop)
             if draft:
                 drafted.append(dataclasses.replace(x, draft=tuple(draft)))
         return drafted + [x for x in out if id(x) not in picked]
@@ -304,7 +319,7 @@ class ReSpecDrafter:
             e = x.end_pos
             self.scores[e] = ema_update(self.scores[e], a / x.proposed, self.cand_cfg.alpha)
             score_after = self.scores[e]
-            self.pred_of[e + a + 1] = e
+            self.pred_of[e + a + 1 if e >= 0 else e - a - 1] = e     # the span continues there
         return dataclasses.replace(x, outcome=CandidateOutcome(accepted=a, score_after=score_after))
 
     def observe(self, outcome: StepOutcome) -> tuple[Candidate, ...] | None:

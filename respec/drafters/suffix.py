@@ -46,6 +46,16 @@ def suffix_library() -> tuple[Any, str | None]:
     return _LIBRARY[0]
 
 
+class RunnerMemory:
+    """What a runner carries from one request to the next: the suffix method's trees and the
+    earlier answers ReSpec's cross-request memory reads (every method's answers are added)."""
+
+    def __init__(self) -> None:
+        from respec.retrieval.answers import AnswerMemory
+        self.suffix = SuffixMemory()
+        self.answers = AnswerMemory()
+
+
 class SuffixMemory:
     """The library's cache across requests: a global tree of responses (kept when a request's
     config says `global_cache`), and the request being decoded."""
