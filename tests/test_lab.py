@@ -82,3 +82,25 @@ def test_stop_ends_the_worker_after_its_record_and_frees_the_model(qfile):
     hub._step_lock.release()
     import threading
     assert not any(t.name == "respec-lab" for t in threading.enumerate()), "no Lab worker left running"
+
+
+@pytest.mark.parametrize("global_cache", [True, False])
+def test_suffix_decodings_global_cache_carries_from_one_lab_question_to_the_next(tmp_path, global_cache):
+    """Two questions with one text in a Lab run: with suffix.global_cache the second drafts from the
+    first's answer (fewer target forwards); without it both take the same steps."""
+    from pathlib import Path
+
+    from respec.drafters.suffix import suffix_library
+    if suffix_library()[0] is None:
+        pytest.skip("arctic-inference is not built here")
+    text = "w5 w17 w33 w9 w71 w4 w88 w12 " * 3
+    path = tmp_path / "q.jsonl"
+    path.write_text("".join(json.dumps({"question_id": i, "category": "qa", "turns": [text]}) + "\n" for i in (1, 2)))
+    req = _req(str(path), categories=("qa",), methods=("vanilla", "suffix"), max_new_tokens=32,
+               settings={"tree.auto": False, "suffix.global_cache": global_cache})
+    updates = list(lab_stream(tiny_hub(), CAPS, req))
+    assert updates[-1]["status"].startswith("✔ Lab done: 4 runs"), updates[-1]["status"]
+    recs = [json.loads(x) for x in (Path(updates[-1]["download"]).parent / "results.jsonl").read_text().splitlines()]
+    first, second = sorted((r for r in recs if r["method"] == "suffix"), key=lambda r: r["question_id"])
+    assert first["tokens"] == second["tokens"] and first["matches_vanilla"] and second["matches_vanilla"]
+    assert (second["steps"] < first["steps"]) if global_cache else (second["steps"] == first["steps"])
