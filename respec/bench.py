@@ -266,9 +266,16 @@ def run_bench(runner, questions: list[Question], methods: list[str], base: Engin
     missing repeats); `fresh` starts over. `should_stop()` is checked before every record: True ends the run early (the
     reports then cover what finished). Each record runs inside `guard()` (a context manager, e.g.
     a lock that keeps other users off a shared model). Writes summary.csv, summary.md, speedup.html and
-    acceptance.html at the end (`write_reports`)."""
+    acceptance.html at the end (`write_reports`).
+
+    What carries across requests (SuffixDecoding's global tree, ReSpec's earlier answers: the
+    runner's `memory`) is kept per method and repeat: a method sees its own answers to this
+    repeat's earlier questions, never another method's answer to the same question nor its own
+    from an earlier repeat (a resumed run starts that memory empty)."""
     import pandas as pd
     from tqdm import tqdm
+
+    from respec.drafters.suffix import RunnerMemory
 
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ConfigError(f"repeats must be an integer >= 1, got {repeats!r}")
@@ -285,6 +292,9 @@ def run_bench(runner, questions: list[Question], methods: list[str], base: Engin
     todo = [(q, m, k) for k in range(repeats) for q in questions for m in methods
             if (q.question_id, m, k) not in by_key]
     # Warm-up (Spec-Bench runs the first question before timing): one short run per method.
+    kept_memory = runner.memory
+    runner.memory = RunnerMemory()                       # the warm-up's answers are forgotten
+    memories: dict[tuple[int, str], RunnerMemory] = {}
     if todo:
         for m in methods:
             if m in PEERS:
@@ -306,6 +316,7 @@ def run_bench(runner, questions: list[Question], methods: list[str], base: Engin
                         if should_stop is not None and should_stop():
                             break
                         bar.set_postfix_str(f"q{q.question_id} {q.category} {m}" + (f" #{k + 1}" if repeats > 1 else ""))
+                        runner.memory = memories.setdefault((k, m), RunnerMemory())
                         with (guard or contextlib.nullcontext)():
                             if m in PEERS:
                                 rec = run_peer_question(runner, q, m, base.max_new_tokens)
@@ -319,6 +330,7 @@ def run_bench(runner, questions: list[Question], methods: list[str], base: Engin
                         by_key[(q.question_id, m, k)] = rec
                         sink.add(rec)
                     records.append(rec)
+    runner.memory = kept_memory
     df = pd.DataFrame(records)
     summary = summarize(df)
     write_reports(summary, df, out_dir)

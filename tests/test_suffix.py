@@ -69,9 +69,26 @@ def test_the_global_cache_carries_from_one_bench_question_to_the_next(tmp_path, 
     assert first["tokens"] == second["tokens"]
     if global_cache:
         assert second["steps"] < first["steps"], (first["steps"], second["steps"])
-        assert runner.memory.suffix.cached_responses() >= 2
     else:
         assert second["steps"] == first["steps"]
+
+
+@needs_library
+def test_a_bench_never_lets_a_method_see_its_own_earlier_repeat_or_another_methods_answer(tmp_path):
+    """One question, two repeats, vanilla and ReSpec (with memory) before suffix: every suffix
+    record takes the same steps as with a cold cache, so repeats and other methods leak nothing."""
+    from respec.bench import run_bench
+    from tests.test_app_render import tiny_runner
+    runner = tiny_runner()
+    kept, before = runner.memory, len(runner.memory.answers)
+    base = EngineConfig().with_overrides({"max_new_tokens": 40, "tree.auto": False, "candidates.memory_tokens": 4096})
+    run_bench(runner, _questions(tmp_path, 1), ["respec-strict", "suffix"], base, tmp_path / "out",
+              progress=False, fresh=True, repeats=2)
+    recs = [json.loads(x) for x in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
+    for m in ("suffix", "respec-strict"):
+        steps = [r["steps"] for r in recs if r["method"] == m]
+        assert len(steps) == 2 and steps[0] == steps[1], (m, steps)
+    assert runner.memory is kept and len(kept.answers) == before, "the runner's own memory is left as it was"
 
 
 @needs_library
