@@ -29,7 +29,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from respec.drafters.eagle_head import EagleHead, LMHead, _HEAD_KEYS, _rope_theta, stored_dtype
+from respec.drafters.eagle_head import EagleHead, LMHead, _HEAD_KEYS, _rope_theta, load_weights
 from respec.errors import ModelLoadError
 from respec.models.base import TargetModel
 from respec.models.compat import pass_cache_as
@@ -141,16 +141,7 @@ def build_eagle3_head(raw: dict, state: dict[str, torch.Tensor], target: TargetM
     head = Eagle3Head(cfg, feature_layers=layers, target_hidden=target_hidden,
                       qkv_bias="midlayer.self_attn.q_proj.bias" in state, fc_bias="fc.bias" in state,
                       norm_before_residual=bool(raw.get("norm_before_residual", False)))
-    head = head.to(stored_dtype(state))
-    try:
-        missing, unexpected = head.load_state_dict(_state_in(state), strict=False)
-    except RuntimeError as exc:
-        detail = next((line.strip() for line in str(exc).splitlines() if "size mismatch" in line), str(exc)[:300])
-        raise ModelLoadError(f"EAGLE-3 head at {where} does not match its config.json: {detail}") from None
-    missing = [k for k in missing if not k.startswith("rotary")]
-    if missing or unexpected:
-        raise ModelLoadError(f"EAGLE-3 head at {where}: missing keys {missing}, unexpected keys {unexpected}")
-    return head
+    return load_weights(head, _state_in(state), f"EAGLE-3 head at {where}")
 
 
 def eagle3_state_and_config(head: Eagle3Head) -> tuple[dict[str, torch.Tensor], dict]:

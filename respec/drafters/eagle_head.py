@@ -253,15 +253,21 @@ def _build_eagle_head(raw: dict, state: dict[str, torch.Tensor], target: TargetM
                              f"but the target has {target.hidden_size}")
     state = {k: v for k, v in state.items() if not k.startswith("embed_tokens") and k not in ("t2d", "d2t")}
     head = EagleHead(cfg, qkv_bias="layers.0.self_attn.q_proj.bias" in state, fc_bias="fc.bias" in state)
+    return load_weights(head, state, f"EAGLE head at {where}")
+
+
+def load_weights(head: EagleHead, state: dict[str, torch.Tensor], what: str) -> EagleHead:
+    """`state` (this module's keys) into `head`, in the checkpoint's dtype; one ModelLoadError
+    naming the first size mismatch, or the missing and unexpected keys (rotary buffers excepted)."""
     head = head.to(stored_dtype(state))
     try:
         missing, unexpected = head.load_state_dict(state, strict=False)
     except RuntimeError as exc:   # size mismatches: name the first one, not torch's whole report
         detail = next((line.strip() for line in str(exc).splitlines() if "size mismatch" in line), str(exc)[:300])
-        raise ModelLoadError(f"EAGLE head at {where} does not match its config.json: {detail}") from None
+        raise ModelLoadError(f"{what} does not match its config.json: {detail}") from None
     missing = [k for k in missing if not k.startswith("rotary")]
     if missing or unexpected:
-        raise ModelLoadError(f"EAGLE head at {where}: missing keys {missing}, unexpected keys {unexpected}")
+        raise ModelLoadError(f"{what}: missing keys {missing}, unexpected keys {unexpected}")
     return head
 
 
