@@ -112,3 +112,28 @@ def test_without_the_library_suffix_is_refused_in_one_line_and_the_rest_runs(mon
         parse_bench_methods("vanilla,suffix")
     assert parse_bench_methods("vanilla,sam") == ["vanilla", "sam"]
     assert run(target, "sam", PROMPT, max_new_tokens=12).tokens == run(target, "vanilla", PROMPT, max_new_tokens=12).tokens
+
+
+@needs_library
+def test_suffix_runs_from_the_command_line_generate_and_sweep(tmp_path, monkeypatch, capsys):
+    """`generate --method suffix` writes a lossless trace; `sweep --method suffix` sweeps its own
+    settings (the tiny model stands in for the default one, as in tests/test_cli_preset.py)."""
+    from respec import cli
+    from respec.trace import result_from_json
+    from tests.test_app_render import tiny_runner
+    runner = tiny_runner("llama", seed=3)
+    monkeypatch.setattr(cli, "_runner", lambda args: runner)
+    prompt = "w5 w17 w33 w9 w71 w4 w88 w12 w5 w17 w33 w9 w71 w4 w88 w12"
+    traces = {}
+    for method in ("vanilla", "suffix"):
+        traces[method] = tmp_path / f"{method}.json"
+        assert cli.main(["generate", "--prompt", prompt, "--no-chat", "--method", method, "--max-new-tokens", "24",
+                         "--trace", str(traces[method])]) == 0, capsys.readouterr().err
+    ours, ref = (result_from_json(traces[m].read_text()) for m in ("suffix", "vanilla"))
+    assert ours.config.method == "suffix" and ours.tokens == ref.tokens
+    q = tmp_path / "q.jsonl"
+    q.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": [prompt]}) + "\n")
+    assert cli.main(["sweep", "--questions", str(q), "--method", "suffix", "--grid", "suffix.max_depth=4,16",
+                     "--max-new-tokens", "16", "--out", str(tmp_path / "sw")]) == 0, capsys.readouterr().err
+    rows = (tmp_path / "sw" / "sweep.csv").read_text().splitlines()
+    assert len(rows) == 3 and "suffix.max_depth" in rows[0]
