@@ -291,16 +291,11 @@ def run_bench(runner, questions: list[Question], methods: list[str], base: Engin
     lossy = [m for m in engine if not is_lossless(base.with_overrides({"method": m}))]
     todo = [(q, m, k) for k in range(repeats) for q in questions for m in methods
             if (q.question_id, m, k) not in by_key]
-    # Warm-up (Spec-Bench runs the first question before timing): one short run per method.
     kept_memory = runner.memory
     runner.memory = RunnerMemory()                       # the warm-up's answers are forgotten
     memories: dict[tuple[int, str], RunnerMemory] = {}
     if todo:
-        for m in methods:
-            if m in PEERS:
-                hf_generate(runner, runner.encode("Hello!"), m, 8)
-            else:
-                runner.generate("Hello!", base.with_overrides({"method": m, "max_new_tokens": 8}))
+        _warm_up(runner, methods, base)
     records: list[dict] = []
     # the kept records, rewritten atomically (drops a line cut by an interruption); new ones append
     atomic_write_text(out_dir / RESULTS_FILE, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in done))
@@ -335,6 +330,15 @@ def run_bench(runner, questions: list[Question], methods: list[str], base: Engin
     summary = summarize(df)
     write_reports(summary, df, out_dir)
     return summary
+
+
+def _warm_up(runner, methods: Sequence[str], base: EngineConfig) -> None:
+    """Spec-Bench runs the first question before timing: one short run per method."""
+    for m in methods:
+        if m in PEERS:
+            hf_generate(runner, runner.encode("Hello!"), m, 8)
+        else:
+            runner.generate("Hello!", base.with_overrides({"method": m, "max_new_tokens": 8}))
 
 
 @dataclass
