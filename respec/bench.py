@@ -275,7 +275,7 @@ def run_bench(runner, questions: list[Question], methods: list[str], base: Engin
     import pandas as pd
     from tqdm import tqdm
 
-    from respec.drafters.suffix import RunnerMemory
+    from respec.memory import RunnerMemory
 
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ConfigError(f"repeats must be an integer >= 1, got {repeats!r}")

@@ -71,7 +71,7 @@ class Runner:
     def __init__(self, target, head: str | None = None) -> None:
         from respec.drafters.eagle_head import load_eagle_head, random_head
 
-        from respec.drafters.suffix import RunnerMemory
+        from respec.memory import RunnerMemory
 
         self.target = target
         self.tokenizer = target.tokenizer

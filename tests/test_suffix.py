@@ -10,7 +10,8 @@ import pytest
 from respec.config import EngineConfig
 from respec.drafters import make_drafter
 from respec.drafters import suffix as suffix_mod
-from respec.drafters.suffix import RunnerMemory, library_tree, suffix_library
+from respec.drafters.suffix import library_tree, suffix_library
+from respec.memory import RunnerMemory
 from respec.errors import ConfigError
 from tests.conftest import EOS, make_target, run
 

@@ -5,7 +5,7 @@ Contract:
 - `suffix_library()` -> (SuffixDecodingCache class, None) or (None, the reason in one line): the
   import is tried once. `make_drafter("suffix", ...)` raises ConfigError with that line where the
   package is missing or unbuilt; every other method runs as before.
-- `SuffixMemory` owns the library's cache: one per runner (respec/runner.py), so with
+- `SuffixMemory` owns the library's cache: one per runner (respec/memory.py), so with
   `suffix.global_cache` the responses of earlier requests (a bench's or Lab run's earlier
   questions, the app's earlier runs) are a second source; a request is started at `reset` (prompt
   as a 1-D contiguous int32 array), each step's committed tokens are appended, and it is stopped
@@ -44,16 +44,6 @@ def suffix_library() -> tuple[Any, str | None]:
             _LIBRARY.append((None, f"the suffix method needs arctic-inference's SuffixDecodingCache, which cannot "
                                    f"be imported here ({reason}); scripts/setup.sh builds it"))
     return _LIBRARY[0]
-
-
-class RunnerMemory:
-    """What a runner carries from one request to the next: the suffix method's trees and the
-    earlier answers ReSpec's cross-request memory reads (every method's answers are added)."""
-
-    def __init__(self) -> None:
-        from respec.retrieval.answers import AnswerMemory
-        self.suffix = SuffixMemory()
-        self.answers = AnswerMemory()
 
 
 class SuffixMemory:
