@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from respec.drafters.eagle3_head import Eagle3Head, default_feature_layers, random_eagle3_head, save_eagle3_head
+from respec.drafters.eagle3_head import Eagle3Head, default_feature_layers, random_eagle3_head
 from respec.drafters.eagle_head import load_eagle_head, random_head, save_eagle_head
 from respec.errors import ModelLoadError
 from respec.models.hf import HFTarget
@@ -57,7 +57,7 @@ def test_published_layout_round_trips_bit_identically(arch, tmp_path):
     target = six_layer(arch)
     vocab = torch.tensor(sorted({*range(0, 128, 3), *PROMPT, EOS}))
     head = random_eagle3_head(target, seed=1, qkv_bias=(arch == "qwen2"), draft_vocab=vocab)
-    save_eagle3_head(head, tmp_path)
+    save_eagle_head(head, tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["draft_vocab_size"] == vocab.numel()
     assert cfg["eagle_aux_hidden_state_layer_ids"] == [2, 3, 3]
@@ -75,7 +75,7 @@ def test_published_layout_round_trips_bit_identically(arch, tmp_path):
     assert torch.equal(loaded.draft_vocab, vocab)
     a, b = head.state_dict(), loaded.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    save_eagle_head(loaded, tmp_path / "again")          # the generic writer keeps the EAGLE-3 layout
+    save_eagle_head(loaded, tmp_path / "again")          # a loaded head writes the same layout back
     again = load_file(str(tmp_path / "again" / "model.safetensors"))
     assert again.keys() == state.keys() and all(torch.equal(again[k], state[k]) for k in state)
 
@@ -109,7 +109,7 @@ def test_one_position_matches_the_eagle3_formula():
 def test_an_eagle3_head_drafts_trees_and_stays_greedy_equal(arch, method, tmp_path):
     target = six_layer(arch, seed=3)
     vocab = torch.tensor(sorted({*range(0, 128, 2), EOS}))
-    save_eagle3_head(random_eagle3_head(target, seed=4, qkv_bias=(arch == "qwen2"), draft_vocab=vocab), tmp_path)
+    save_eagle_head(random_eagle3_head(target, seed=4, qkv_bias=(arch == "qwen2"), draft_vocab=vocab), tmp_path)
     head = load_eagle_head(tmp_path, target)
     ref = run(target, "vanilla", PROMPT, max_new_tokens=40)
     fixed = {"tree.auto": False, "tree.total_tokens": 12, "tree.depth": 3, "tree.top_k": 3}
@@ -126,7 +126,7 @@ def test_an_eagle3_head_drafts_trees_and_stays_greedy_equal(arch, method, tmp_pa
 
 def test_an_eagle3_head_for_another_target_is_refused(tmp_path):
     small = six_layer("llama")
-    save_eagle3_head(random_eagle3_head(small, seed=0), tmp_path)
+    save_eagle_head(random_eagle3_head(small, seed=0), tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
     cfg["eagle_aux_hidden_state_layer_ids"] = [1, 3, 9]
     (tmp_path / "config.json").write_text(json.dumps(cfg))

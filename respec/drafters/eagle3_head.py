@@ -17,11 +17,11 @@ Contract (the published `LlamaForCausalLMEagle3` layout, as EAGLE-3, SpecForge a
 - Checkpoint keys as published: `fc.weight`, `midlayer.{input_layernorm,hidden_norm,
   post_attention_layernorm}.weight`, `midlayer.self_attn.{q,k,v,o}_proj.*`, `midlayer.mlp.*`,
   `norm.weight`, `lm_head.weight`, `d2t`, `t2d`; `embed_tokens.weight` is ignored (the target's
-  embedding is used). `load_eagle3_head` / `save_eagle3_head` read and write that layout.
+  embedding is used). `load_eagle_head` / `save_eagle_head` (respec/drafters/eagle_head.py) read
+  and write that layout through `build_eagle3_head` / `eagle3_state_and_config`.
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Sequence
 
 import torch
@@ -29,7 +29,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from respec.drafters.eagle_head import EagleHead, LMHead, _HEAD_KEYS, _rope_theta, load_weights
+from respec.drafters.eagle_head import EagleHead, LMHead, _HEAD_KEYS, head_config, load_weights
 from respec.errors import ModelLoadError
 from respec.models.base import TargetModel
 from respec.models.compat import pass_cache_as
@@ -146,9 +146,8 @@ def build_eagle3_head(raw: dict, state: dict[str, torch.Tensor], target: TargetM
 
 def eagle3_state_and_config(head: Eagle3Head) -> tuple[dict[str, torch.Tensor], dict]:
     """The published layout of `head`: weights (midlayer.*, d2t and t2d) and config.json's content."""
-    cfg = {k: v for k, v in head.config.to_dict().items() if k in _HEAD_KEYS and k != "rope_parameters"}
-    cfg.update({"architectures": [EAGLE3_ARCH], "model_type": "llama", "num_hidden_layers": 1,
-                "rope_theta": _rope_theta(head.config), "target_hidden_size": head.target_hidden,
+    cfg = head_config(head, EAGLE3_ARCH)
+    cfg.update({"target_hidden_size": head.target_hidden,
                 "eagle_aux_hidden_state_layer_ids": list(head.feature_layers),
                 "norm_before_residual": head.norm_before_residual,
                 "draft_vocab_size": int(head.lm_head.weight.shape[0])})
@@ -183,15 +182,3 @@ def random_eagle3_head(target: TargetModel, *, seed: int = 0, qkv_bias: bool = F
         lambda: Eagle3Head(cfg, feature_layers=layers, target_hidden=target.hidden_size, qkv_bias=qkv_bias)), seed)
     head.draft_vocab = None if draft_vocab is None else draft_vocab.long()
     return _to_target(head, target)
-
-
-def save_eagle3_head(head: Eagle3Head, path: str | Path) -> None:
-    """Write `head` in the published EAGLE-3 layout: config.json + model.safetensors."""
-    import json
-    from safetensors.torch import save_file
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    state, cfg = eagle3_state_and_config(head)
-    (path / "config.json").write_text(json.dumps(cfg, indent=2))
-    save_file(state, str(path / "model.safetensors"))
-

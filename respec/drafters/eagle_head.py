@@ -318,20 +318,26 @@ def save_eagle_head(head: EagleHead, path: str | Path) -> None:
     an Eagle3Head in the EAGLE-3 layout, with its own norm, lm_head, d2t and t2d)."""
     from safetensors.torch import save_file
     if head.feature_layers is not None:
-        from respec.drafters.eagle3_head import save_eagle3_head
-        save_eagle3_head(head, path)
-        return
+        from respec.drafters.eagle3_head import eagle3_state_and_config
+        state, cfg = eagle3_state_and_config(head)
+    else:
+        cfg = head_config(head, "LlamaForCausalLM")
+        cfg.update({"bias": head.fc.bias is not None, "qkv_bias": head.qkv_bias})
+        state = {k: v.detach().to("cpu").contiguous() for k, v in head.state_dict().items()
+                 if not k.startswith("rotary")}
+        if head.draft_vocab is not None:
+            vocab = head.draft_vocab.detach().to("cpu").long()
+            state["d2t"] = (vocab - torch.arange(vocab.numel())).contiguous()
+            cfg["draft_vocab_size"] = int(vocab.numel())
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    cfg = {k: v for k, v in head.config.to_dict().items() if k in _HEAD_KEYS and k != "rope_parameters"}
-    cfg.update({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 1,
-                "rope_theta": _rope_theta(head.config),
-                "bias": head.fc.bias is not None, "qkv_bias": head.qkv_bias})
-    state = {k: v.detach().to("cpu").contiguous() for k, v in head.state_dict().items()
-             if not k.startswith("rotary")}
-    if head.draft_vocab is not None:
-        vocab = head.draft_vocab.detach().to("cpu").long()
-        state["d2t"] = (vocab - torch.arange(vocab.numel())).contiguous()
-        cfg["draft_vocab_size"] = int(vocab.numel())
     (path / "config.json").write_text(json.dumps(cfg, indent=2))
     save_file(state, str(path / "model.safetensors"))
+
+
+def head_config(head: EagleHead, architecture: str) -> dict:
+    """config.json's common part for `head`: its shape keys, one layer, the RoPE base."""
+    cfg = {k: v for k, v in head.config.to_dict().items() if k in _HEAD_KEYS and k != "rope_parameters"}
+    cfg.update({"architectures": [architecture], "model_type": "llama", "num_hidden_layers": 1,
+                "rope_theta": _rope_theta(head.config)})
+    return cfg
