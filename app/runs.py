@@ -69,7 +69,8 @@ def stream_run(runner, prompt: str, config, advance: Callable | None = None, max
     result.meta["engine_time"] = "prefill + steps; UI rendering excluded"
     # The target's verify-cost curve, if tree.auto already measured it (never measured here: it costs
     # ~30 forwards); it grounds the estimated speedup when vanilla was not run.
-    curve = getattr(runner.target, "_cost_curve", None)
+    measured = getattr(runner.target, "measured_curve", None)
+    curve = measured() if callable(measured) else None
     if isinstance(curve, dict) and curve:
         result.meta["verify_cost_ms"] = {str(k): round(float(v), 3) for k, v in curve.items()}
     yield result, True

@@ -10,9 +10,15 @@ Sampling (temperature > 0) uses lossless speculative sampling with one torch.Gen
 Per run: a fresh KV cache and fresh drafter state (reset), so requests never leak into each other.
 Where generation ends (a stop token, max_new_tokens, the context) is respec/tokens.py
 `cut_generated`, the one rule the loop and `assemble` share.
+
+Host <-> device: every crossing goes through respec/transfer.py. A step uploads the tree once
+(forward_tree), reads its numbers back once (`read_numbers`: argmax, node stats, entropies and
+margins of every row) and uploads the kept path once when it is not a prefix; the verify forward is
+timed by a `Stopwatch` (CUDA events on every device holding weights), never by a barrier.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Iterator, Sequence
@@ -27,26 +33,25 @@ from respec.models.base import TargetModel
 from respec.sampling import entropy, probs_from_logits, sample
 from respec.tokens import cut_generated
 from respec.trace import GenerationResult, StepTrace
-from respec.verify import NodeStats, Verdict, node_target_stats, verify_greedy, verify_sampling
+from respec.transfer import Stopwatch, read, upload
+from respec.verify import (NodeStats, StepNumbers, Verdict, node_target_stats, read_numbers, verify_greedy,
+                           verify_sampling)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _margins(logits: torch.Tensor) -> list[float]:
-    """logits: [n, V] -> top-1 minus top-2 logit per row."""
-    top2 = torch.topk(logits, 2, dim=-1).values
-    return (top2[:, 0] - top2[:, 1]).tolist()
-
-
-def _node_ranks_probs(stats: NodeStats) -> tuple[tuple[int, ...], tuple[float, ...]]:
+def _node_ranks_probs(numbers: StepNumbers) -> tuple[tuple[int, ...], tuple[float, ...]]:
     """For every node i > 0: the rank (1 = top-1) and probability of its token under the target's
     distribution after its parent. The root gets rank 0 and probability 1."""
-    ranks, probs = stats.ranks.tolist(), stats.logprobs.exp().tolist()
+    ranks, probs = list(numbers.ranks), [math.exp(lp) for lp in numbers.logprobs]
     ranks[0], probs[0] = 0, 1.0
     return tuple(int(r) for r in ranks), tuple(float(p) for p in probs)
+
+
+def _rows(hidden: torch.Tensor | None, kept: int, index: torch.Tensor | None) -> torch.Tensor | None:
+    """hidden [n, F] -> the kept path's rows [kept, F]: the first `kept` for a prefix path, else
+    `index` (the path, on a device)."""
+    if hidden is None:
+        return None
+    return hidden[:kept] if index is None else hidden[index.to(hidden.device)]
 
 
 @dataclass(frozen=True)
@@ -59,17 +64,16 @@ class Prefill:
     ms: float
 
 
-def _step_trace(step: int, proposal: Proposal, verdict: Verdict, logits: torch.Tensor, stats: NodeStats,
+def _step_trace(step: int, proposal: Proposal, verdict: Verdict, numbers: StepNumbers,
                 draft_ms: float, verify_ms: float, candidates: Sequence[Candidate]) -> StepTrace:
-    """The step's record, with its per-step metrics. logits: [n + 1, V] of the tree forward."""
+    """The step's record, with its per-step metrics, from the numbers read back after the forward."""
     path = list(verdict.path)
     tree = proposal.tree
-    path_logits = logits[path]                                                  # [a + 1, V]
-    node_ranks, node_probs = _node_ranks_probs(stats)
+    node_ranks, node_probs = _node_ranks_probs(numbers)
     new_tokens = [tree.tokens[i] for i in path[1:]] + [verdict.next_token]
     return StepTrace(step=step, source=proposal.source, tree=tree, verdict=verdict,
-                     new_tokens=tuple(new_tokens), entropies=tuple(entropy(path_logits).tolist()),
-                     margins=tuple(_margins(path_logits)), node_ranks=node_ranks, node_probs=node_probs,
+                     new_tokens=tuple(new_tokens), entropies=tuple(numbers.entropies[i] for i in path),
+                     margins=tuple(numbers.margins[i] for i in path), node_ranks=node_ranks, node_probs=node_probs,
                      draft_ms=draft_ms, verify_ms=verify_ms, decision=proposal.decision,
                      candidates=tuple(c.to_dict() for c in candidates))
 
@@ -114,19 +118,21 @@ class Engine:
         t0 = time.perf_counter()
         self.target.use_features(self.drafter.feature_layers if self.drafter.needs_hidden else None)
         out = self.target.prefill(prompt)
-        last = out.logits[-1]                                                   # [V]
+        last = out.logits[-1:]                                                  # [1, V]
         cfg = self.config
-        root = int(last.argmax()) if cfg.greedy else sample(probs_from_logits(last[None], cfg.sampling)[0], gen)
-        first_entropy, first_margin = float(entropy(last)), _margins(last[None])[0]
+        top2 = torch.topk(last, min(2, last.shape[-1]), dim=-1).values          # [1, 2]
+        ((argmax, first_entropy, first_margin),) = read(torch.cat([              # ONE read: [3]
+            last.argmax(-1).to(last.dtype), entropy(last), top2[:, 0] - top2[:, -1]]), label="prefill")
+        root = int(argmax) if cfg.greedy else sample(probs_from_logits(last, cfg.sampling)[0], gen)
         self.drafter.reset(prompt, out.hidden if self.drafter.needs_hidden else None)
-        _sync(self.target.device)
         return Prefill(root, first_entropy, first_margin, (time.perf_counter() - t0) * 1000)
 
-    def _verify(self, tree, logits: torch.Tensor, stats: NodeStats, gen: torch.Generator) -> Verdict:
+    def _verify(self, tree, logits: torch.Tensor, stats: NodeStats, numbers: StepNumbers,
+                gen: torch.Generator) -> Verdict:
         """Strict greedy (relaxed for retrieval nodes where the method relaxes), or lossless
         speculative sampling. logits: [n + 1, V]."""
         if self.config.greedy:
-            return verify_greedy(tree, logits, self.relax, self.no_relax_ids, stats)
+            return verify_greedy(tree, logits, self.relax, self.no_relax_ids, stats, numbers)
         return verify_sampling(tree, probs_from_logits(logits, self.config.sampling), gen)
 
     def stream(self, prompt: Sequence[int]) -> Iterator[StepTrace]:
@@ -144,6 +150,7 @@ class Engine:
             return
         # 3. Loop: draft, verify in one forward, commit, feed back, report.
         cost, step, root = self.cost_model(), 0, first.token
+        watch = Stopwatch(getattr(self.target, "weight_devices", (dev,)))
         while True:
             # 3.1 Context for the drafter: node cap keeps the tree inside the model's context.
             max_nodes = max(1, ctx_len - len(committed))
@@ -154,28 +161,34 @@ class Engine:
             tree = proposal.tree
             if tree.size > max_nodes:
                 raise RuntimeError(f"drafter {self.drafter.name} proposed {tree.size} nodes, cap {max_nodes}")
-            _sync(dev)
             t_verify = time.perf_counter()
-            # 3.3 One target forward over the whole tree (tree mask, depth positions); 3.4 verify.
+            # 3.3 One target forward over the whole tree (tree mask, depth positions), timed without
+            # a barrier (events on every device holding weights); 3.4 one read-back, then verify.
+            watch.start()
             tout = self.target.forward_tree(tree, need_hidden=self.drafter.needs_hidden)
-            stats = node_target_stats(tree, tout.logits)    # for the trace, and the relaxed rule
-            verdict = self._verify(tree, tout.logits, stats, gen)
+            watch.stop()
+            stats = node_target_stats(tree, tout.logits, tout.tokens, tout.parents)   # trace, relaxed rule
+            numbers = read_numbers(tout.logits, stats)
+            verdict = self._verify(tree, tout.logits, stats, numbers, gen)
             # 3.5 Keep only the accepted path in the KV cache; commit root + accepted tokens.
             path = list(verdict.path)
-            self.target.keep(path)
-            _sync(dev)
-            draft_ms, verify_ms = (t_verify - t_draft) * 1000, (time.perf_counter() - t_verify) * 1000
+            prefix = path == list(range(len(path)))
+            index = None if prefix else upload(path, dev, label="path")      # [a + 1]: keep and features
+            self.target.keep(path, index)
+            verify_ms = watch.ms()
+            draft_ms, verify_ms = (t_verify - t_draft) * 1000, (verify_ms if verify_ms is not None
+                                                               else (time.perf_counter() - t_verify) * 1000)
             if cost is not None:
                 cost.observe(tree.size, verify_ms)          # the forward only: metrics come after
             committed.extend(tree.tokens[i] for i in path)
             # 3.6 Feed back to the drafter (indexes, EMA, EAGLE catch-up features).
-            hidden = None if tout.hidden is None else tout.hidden[torch.tensor(path, device=tout.hidden.device)]
+            hidden = _rows(tout.hidden, len(path), index)                                    # [a + 1, F]
             feedback = self.drafter.observe(StepOutcome(proposal=proposal, verdict=verdict,   # hidden [a + 1, H]
                                                         committed=[tree.tokens[i] for i in path],
                                                         committed_hidden=hidden, next_root=verdict.next_token,
                                                         verify_ms=verify_ms))
             # 3.7 Report the step.
-            trace = _step_trace(step, proposal, verdict, tout.logits, stats, draft_ms, verify_ms,
+            trace = _step_trace(step, proposal, verdict, numbers, draft_ms, verify_ms,
                                 proposal.candidates if feedback is None else feedback)
             yield trace
             step += 1

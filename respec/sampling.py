@@ -39,5 +39,7 @@ def probs_from_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor
 
 def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
     """probs: [vocab] (any device) -> one token id drawn with `generator` (a CPU generator)."""
-    p = probs.detach().to("cpu", torch.float64)
+    from respec.transfer import to_host
+
+    p = to_host(probs.detach(), "sample").to(torch.float64)
     return int(torch.multinomial(p / p.sum(), 1, generator=generator).item())

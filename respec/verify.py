@@ -25,6 +25,7 @@ from typing import Literal, Sequence
 import torch
 
 from respec.config import RelaxConfig
+from respec.transfer import read, to_host, upload_parts
 from respec.tree import DraftTree
 
 @dataclass(frozen=True)
@@ -60,12 +61,15 @@ class NodeStats:
     logprobs: torch.Tensor    # [n + 1]; log p(token | ancestors)
 
 
-def node_target_stats(tree: DraftTree, logits: torch.Tensor) -> NodeStats:
+def node_target_stats(tree: DraftTree, logits: torch.Tensor, tokens: torch.Tensor | None = None,
+                      parents: torch.Tensor | None = None) -> NodeStats:
     """logits: [n + 1, V] (row i predicts the children of node i) -> NodeStats of every node.
     Row maxima and log-normalisers are taken once per row and indexed by parent; only the rank
-    needs the parent row per node."""
-    parents = torch.tensor([max(p, 0) for p in tree.parents], dtype=torch.long, device=logits.device)
-    tok = torch.tensor(tree.tokens, dtype=torch.long, device=logits.device)
+    needs the parent row per node. `tokens` / `parents` ([n + 1] on logits' device, the root's
+    parent 0): the tree's own, as forward_tree uploaded them (else uploaded here, once)."""
+    if tokens is None or parents is None:
+        tokens, parents = upload_parts([tree.tokens, [max(p, 0) for p in tree.parents]], logits.device, "stats")
+    tok = tokens
     zd = logits[parents, tok]                                              # [n + 1]: logit of each node's token
     ranks = (logits.index_select(0, parents) > zd[:, None]).sum(-1) + 1    # [n + 1]
     gaps = logits.max(-1).values[parents] - zd
@@ -73,23 +77,52 @@ def node_target_stats(tree: DraftTree, logits: torch.Tensor) -> NodeStats:
     return NodeStats(ranks=ranks, gaps=gaps, logprobs=logprobs)
 
 
+@dataclass(frozen=True)
+class StepNumbers:
+    """What the host needs of one tree forward, read back at once (`read_numbers`): per row i of
+    the logits, the target's top-1 and the entropy and top-1/top-2 margin of its distribution;
+    per node, its NodeStats."""
+    top1: list[int]
+    entropies: list[float]
+    margins: list[float]
+    ranks: list[int]
+    gaps: list[float]
+    logprobs: list[float]
+
+
+def read_numbers(logits: torch.Tensor, stats: NodeStats) -> StepNumbers:
+    """logits [n + 1, V] and their NodeStats -> StepNumbers, in ONE device-to-host read."""
+    from respec.sampling import entropy
+
+    top2 = torch.topk(logits, min(2, logits.shape[-1]), dim=-1)                  # [n + 1, 2]
+    margins = top2.values[:, 0] - top2.values[:, -1] if logits.shape[-1] > 1 else top2.values[:, 0] * 0
+    floats = torch.stack([entropy(logits), margins.float(), stats.gaps.float(), stats.logprobs.float()])
+    ints = torch.stack([logits.argmax(dim=-1), stats.ranks])                     # [2, n + 1]
+    f, i = read(floats, ints, label="verify")
+    return StepNumbers(top1=i[0], entropies=f[0], margins=f[1], ranks=i[1], gaps=f[2], logprobs=f[3])
+
+
 def verify_greedy(tree: DraftTree, logits: torch.Tensor, relax: RelaxConfig | None = None,
-                  no_relax_ids: frozenset[int] = frozenset(), stats: NodeStats | None = None) -> Verdict:
+                  no_relax_ids: frozenset[int] = frozenset(), stats: NodeStats | None = None,
+                  numbers: StepNumbers | None = None) -> Verdict:
     """Greedy verification: strict everywhere, or source-aware relaxed when `relax` is given with a
     budget > 0 and the tree has retrieval nodes (see `verify_relaxed`; `stats`, when the caller has
-    them already, are `node_target_stats(tree, logits)`)."""
+    them already, are `node_target_stats(tree, logits)`; `numbers`, when read already, spare the
+    read-back)."""
     if relax is not None and relax.budget > 0 and "retrieval" in tree.sources:
-        return verify_relaxed(tree, logits, relax, no_relax_ids, stats)
-    return verify_strict(tree, logits)
+        return verify_relaxed(tree, logits, relax, no_relax_ids, stats, numbers)
+    return verify_strict(tree, logits, None if numbers is None else numbers.top1)
 
 
-def verify_strict(tree: DraftTree, logits: torch.Tensor) -> Verdict:
+def verify_strict(tree: DraftTree, logits: torch.Tensor, top1: Sequence[int] | None = None) -> Verdict:
     """Strict greedy verification. logits: [n + 1, vocab]; row i is the target's prediction after
     node i (given node i's ancestors). Walks from the root, at each node accepting the child whose
     token equals the target's argmax there; that walk is the longest accepted path (strict
     acceptance has at most one valid child per node, except duplicate siblings, where the first
-    wins). The bonus token is the argmax after the last accepted node."""
-    top1 = logits.argmax(dim=-1).tolist()           # [n + 1]
+    wins). The bonus token is the argmax after the last accepted node. `top1`: the argmax of
+    every row, when read back already."""
+    if top1 is None:
+        top1 = read(logits.argmax(dim=-1), label="argmax")[0]           # [n + 1]
     children = tree.children()
     status = ["unvisited"] * tree.size
     status[0] = "accepted"
@@ -127,14 +160,14 @@ def verify_sampling(tree: DraftTree, probs: torch.Tensor, generator: torch.Gener
     node = 0
     while True:
         kids = children[node]
-        p = probs[node].detach().to("cpu", torch.float64)
+        p = to_host(probs[node].detach(), "sampling").to(torch.float64)
         p = p / p.sum()
         accepted = None
         rejected_any = False
         for c in kids:
             tok = tree.tokens[c]
-            u = torch.rand((), generator=generator, dtype=torch.float64).item()
-            if u < p[tok].item():
+            u = torch.rand((), generator=generator, dtype=torch.float64).item()  # host
+            if u < p[tok].item():  # host
                 accepted = c
                 status[c] = "accepted"
                 break
@@ -143,12 +176,12 @@ def verify_sampling(tree: DraftTree, probs: torch.Tensor, generator: torch.Gener
             p[tok] = 0.0
             total = p.sum()
             if total <= 0:       # numerically nothing left: fall back to the target's argmax
-                p = probs[node].detach().to("cpu", torch.float64)
+                p = to_host(probs[node].detach(), "sampling").to(torch.float64)
                 p = (p == p.max()).double()
                 total = p.sum()
             p = p / total
         if accepted is None:
-            nxt = int(torch.multinomial(p, 1, generator=generator).item())
+            nxt = int(torch.multinomial(p, 1, generator=generator).item())  # host
             return Verdict(path=tuple(path), next_token=nxt,
                            next_kind="recovered" if rejected_any else "bonus",
                            node_status=tuple(status))
@@ -205,7 +238,8 @@ def walk_relaxed_path(tokens: Sequence[int], wanted: Sequence[int], relaxable: S
 
 
 def verify_relaxed(tree: DraftTree, logits: torch.Tensor, relax: RelaxConfig,
-                   no_relax_ids: frozenset[int] = frozenset(), stats: NodeStats | None = None) -> Verdict:
+                   no_relax_ids: frozenset[int] = frozenset(), stats: NodeStats | None = None,
+                   numbers: StepNumbers | None = None) -> Verdict:
     """ReSpec's source-aware relaxed verification (ALGORITHMS.md §1.6), greedy only.
     logits: [n + 1, vocab]. On each root-to-leaf path x0 -> d_1 .. d_m, with z_i the logits of the
     node that predicts d_i and a_i = argmax z_i:
@@ -219,11 +253,11 @@ def verify_relaxed(tree: DraftTree, logits: torch.Tensor, relax: RelaxConfig,
     tolerated -> continue; else stop. The path with the most accepted tokens wins; ties go to fewer
     relaxed acceptances, then to the earlier path. EAGLE nodes are only ever accepted strictly.
     With budget = 0 this is exactly `verify_strict`."""
-    top1_list = logits.argmax(dim=-1).tolist()                             # [n + 1]
     tokens = tree.tokens
     n = tree.size
-    stats = stats if stats is not None else node_target_stats(tree, logits)
-    rank_l, gap_l = stats.ranks.tolist(), stats.gaps.float().tolist()
+    if numbers is None:
+        numbers = read_numbers(logits, stats if stats is not None else node_target_stats(tree, logits))
+    top1_list, rank_l, gap_l = numbers.top1, numbers.ranks, numbers.gaps                 # [n + 1] each
     wanted = [top1_list[max(p, 0)] for p in tree.parents]                  # a_i of every node
     relaxable = [False] + [node_relaxable(relax.mode, tree.sources[i], tokens[i], wanted[i], rank_l[i], gap_l[i],
                                           relax, no_relax_ids) for i in range(1, n)]

@@ -269,6 +269,25 @@ def test_the_cost_curve_synchronises_every_gpu_holding_weights(monkeypatch):
     assert synced.count(torch.device("cuda", 1)) == synced.count(torch.device("cuda", 0)) == 8, synced
 
 
+def test_the_cost_curve_is_kept_per_context_length(monkeypatch):
+    """Sizes measured after 16 cached tokens never answer for 40 (issue 30 §7: a curve keyed by size
+    alone mixed contexts); each context's curve is measured, and kept, on its own."""
+    target = make_target("llama")
+    contexts = []
+    real = target._forward
+
+    def spy(**kw):
+        if "attention_mask" not in kw:                   # the context's prefill
+            contexts.append(kw["input_ids"].shape[1])
+        return real(**kw)
+    monkeypatch.setattr(target, "_forward", spy)
+    short = target.verify_cost_curve(max_size=2, context=16, reps=0)
+    long = target.verify_cost_curve(max_size=2, context=40, reps=0)
+    assert set(short) == set(long) == {1, 2} and contexts == [16, 40]
+    assert target.verify_cost_curve(max_size=2, context=16, reps=0) == short and contexts == [16, 40]
+    assert target.measured_curve(16) == short and target.measured_curve(40) == long
+
+
 # ------------------------------------------------------------------------------- EAGLE-3
 def _eagle3_checkpoint(path: Path, hidden: int, arch: bool) -> Path:
     from safetensors.torch import save_file

@@ -83,21 +83,22 @@ def test_target_logits_are_bit_identical_with_the_slab_cache(arch, monkeypatch):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_tree_attention_is_bit_identical_to_stock_sdpa(arch, monkeypatch):
-    """HFTarget switches the model to respec_sdpa; masked tree forwards then use grouped-query SDPA
-    (no repeat_kv). The logits equal those of the stock sdpa path exactly, and calls without the
-    flag (model.generate, the hf peers) stay on the stock function."""
+def test_tree_attention_packs_the_query_heads_and_matches_stock_sdpa(arch, monkeypatch):
+    """HFTarget switches the model to respec_sdpa; masked tree forwards then fold the g query heads
+    of each KV head into its rows and tile the mask (no repeat_kv, no enable_gqa). In float32 the
+    logits equal those of the stock sdpa path, and calls without the flag (model.generate, the hf
+    peers) stay on the stock function."""
     from respec.models import attention
 
-    target = make_target(arch)
+    target = make_target(arch, dtype=torch.float32)
     cfg = target.model.config
     assert cfg._attn_implementation == attention.NAME and target._tree_kwargs
     assert cfg.num_attention_heads > cfg.num_key_value_heads, "a GQA model, or the test shows nothing"
-    seen = []                                       # (enable_gqa, heads of the keys, masked) of every SDPA call
+    seen = []                     # (enable_gqa, heads of the query, heads of the keys, masked) of every SDPA call
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
     def spy(q, k, v, **kw):
-        seen.append((kw.get("enable_gqa", False), k.shape[1], kw.get("attn_mask") is not None))
+        seen.append((kw.get("enable_gqa", False), q.shape[1], k.shape[1], kw.get("attn_mask") is not None))
         return sdpa(q, k, v, **kw)
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
 
@@ -106,6 +107,7 @@ def test_tree_attention_is_bit_identical_to_stock_sdpa(arch, monkeypatch):
     tree = DraftTree.from_parents([rng.randrange(3, 120) for _ in range(9)], [-1, 0, 0, 1, 1, 2, 3, 3, 6], "eagle")
     chain = DraftTree.chain(7, [8, 9, 10, 11], "retrieval")
     outs = {}
+    hkv, h = cfg.num_key_value_heads, cfg.num_attention_heads
     for flag in (True, False):
         target._tree_kwargs = {"respec_gqa": True} if flag else {}
         target.prefill(prompt)
@@ -115,14 +117,65 @@ def test_tree_attention_is_bit_identical_to_stock_sdpa(arch, monkeypatch):
         b = target.forward_tree(chain).logits
         target.keep([0, 1])
         outs[flag] = (a, b)
-        assert seen and all(masked for _, _, masked in seen), "tree and chain forwards carry a mask"
-        assert {g for g, _, _ in seen} == {flag}, f"respec_gqa={flag}: SDPA calls {seen[:3]}"
-        assert {h for _, h, _ in seen} == {cfg.num_key_value_heads if flag else cfg.num_attention_heads}
-    assert torch.equal(outs[True][0], outs[False][0]) and torch.equal(outs[True][1], outs[False][1])
+        assert seen and all(masked for *_, masked in seen), "tree and chain forwards carry a mask"
+        want = {(False, hkv, hkv, True)} if flag else {(False, h, h, True)}
+        assert set(seen) == want, f"respec_gqa={flag}: SDPA calls {seen[:3]}"
+    for got, ref in zip(outs[True], outs[False]):
+        torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+        assert torch.equal(got.argmax(-1), ref.argmax(-1))
     seen.clear()
     target.model.generate(torch.tensor([prompt]), max_new_tokens=3, do_sample=False)
     # stock sdpa uses grouped SDPA only without a mask; with one it repeats the keys to every head
-    assert seen and not any(g and masked for g, _, masked in seen), "model.generate stays on the stock path"
+    assert seen and not any(g and masked for g, _, _, masked in seen), "model.generate stays on the stock path"
+
+
+@pytest.mark.parametrize("q_len", [1, 6])
+def test_the_packed_path_is_the_same_on_every_device(q_len, monkeypatch):
+    """The engine's masked GQA call packs wherever its tensors live (here the meta device, which is
+    neither the CPU nor CUDA): one SDPA call over the KV heads, never the stock repeat_kv path."""
+    from respec.models.attention import respec_sdpa
+
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, **kw):
+        calls.append((tuple(q.shape), tuple(k.shape), kw.get("enable_gqa", False)))
+        return sdpa(q, k, v, **kw)
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.training = 3, False
+    b, h, hkv, k, d = 1, 9, 3, 20, 8
+    with torch.device("meta"):
+        q = torch.randn(b, h, q_len, d)
+        key, value = torch.randn(b, hkv, k, d), torch.randn(b, hkv, k, d)
+        mask = torch.zeros(b, 1, q_len, k)
+    out, _ = respec_sdpa(module, q, key, value, mask, scaling=0.3, respec_gqa=True)
+    assert out.shape == (b, q_len, h, d)
+    assert calls == [((b, hkv, 3 * q_len, d), (b, hkv, k, d), False)], calls
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_tree_attention_matches_repeated_heads(dtype):
+    """Several queries under a tree mask, packed per KV head with the mask tiled, equal SDPA over
+    keys and values repeated to every query head (head h reads KV head h // g)."""
+    from respec.models.attention import packed_gqa
+
+    gen = torch.Generator().manual_seed(1)
+    b, h, hkv, q_len, past, d = 1, 8, 2, 5, 11, 16
+    k = past + q_len
+    q = torch.randn(b, h, q_len, d, generator=gen).to(dtype)
+    key = torch.randn(b, hkv, k, d, generator=gen).to(dtype)
+    value = torch.randn(b, hkv, k, d, generator=gen).to(dtype)
+    tree = DraftTree.from_parents([1, 2, 3, 4, 5], [-1, 0, 0, 1, 2], "eagle")
+    from respec.models.attention import additive_mask
+    mask = additive_mask(~tree.attention_mask(), past, dtype)                           # [1, 1, q, k]
+    g = h // hkv
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q.float(), key.float().repeat_interleave(g, dim=1), value.float().repeat_interleave(g, dim=1),
+        attn_mask=mask.float(), scale=0.25)                                            # [b, h, q, d]
+    out = packed_gqa(q, key, value, mask, 0.25, g)                                      # [b, q, h, d]
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.float(), ref.transpose(1, 2), atol=tol, rtol=tol)
 
 
 @pytest.mark.parametrize("method", ["eagle2", "sam"])

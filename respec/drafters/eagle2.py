@@ -5,7 +5,7 @@ respec/drafters/eagle_head.py.
 Contract (ALGORITHMS.md §4):
 - Inputs are shifted by one: the head sees pairs (f_t, x_{t+1}), f_t the target's final-norm feature
   at committed position t. The pair (f_t, x_{t+1}) sits at head position t.
-- `expand_tree(step_fn, ...)` is the pure EAGLE-2 search (top-k expansion by cumulative log-prob to
+- `expand_tree(step_fn, ...)` (respec/drafters/eagle_search.py) is the pure EAGLE-2 search (top-k expansion by cumulative log-prob to
   depth D, global re-rank to total_tokens), testable with a fake `step_fn`; an optional `expand`
   rule may stop it before any layer (the cost model's depth cut, `Eagle2Drafter._expand_rule`).
 - Several GPUs: the target's features arrive on its final norm's device and are moved to the
@@ -25,7 +25,7 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
@@ -33,87 +33,17 @@ from respec.config import TreeConfig
 from respec.cost import MIN_GAIN, AutoDecision, CostModel, SizePlan, ancestor_closed_order, plan_size
 from respec.drafters.base import Decision, DraftContext, Proposal, StepOutcome
 from respec.drafters.probe import bound_hits, check_vocab
+# the search (respec/drafters/eagle_search.py); its names stay importable from here
+from respec.drafters.eagle_search import ExpandRule, StepFn, expand_tree  # noqa: F401
 # The head's public names stay importable from here for respec.train, respec.cli and scripts/.
 from respec.drafters.eagle_head import (EagleHead, LMHead, load_eagle_head, random_head,  # noqa: F401
                                         resolve_head_dir, save_eagle_head)
 from respec.models.attention import additive_mask
 from respec.models.base import TargetModel
-from respec.models.compat import cuda_devices, synchronize
+from respec.models.compat import cuda_devices
 from respec.models.kv import slab_cache
+from respec.transfer import Stopwatch, read, upload
 from respec.tree import DraftTree
-
-
-# ---------------------------------------------------------------------------- the search
-#: step_fn(feats [k, H], tokens [k], depth i, parent_slots [k] | None) -> (out feats [k, H],
-#:     log-probs of each node's children [k, V]). parent_slots[a] is the row, in the previous
-#:     call's batch, of frontier node a's parent (None at depth 0: every parent is the root).
-StepFn = Callable[[torch.Tensor, torch.Tensor, int, "torch.Tensor | None"], tuple[torch.Tensor, torch.Tensor]]
-
-
-@dataclass(frozen=True)
-class _Node:
-    token: int
-    score: float     # cumulative log q from the root
-    parent: int      # index into the node list, -1 = child of the root
-
-
-#: expand(scores of every node so far, scores of the frontier) -> whether to grow one more layer.
-ExpandRule = Callable[[Sequence[float], Sequence[float]], bool]
-
-
-def expand_tree(step_fn: StepFn, root: int, root_feat: torch.Tensor, root_logp: torch.Tensor,
-                cfg: TreeConfig, vocab: torch.Tensor | None = None, expand: ExpandRule | None = None
-                ) -> DraftTree:
-    """EAGLE-2 dynamic tree. root_feat: [H] f̂ predicted at the root's position; root_logp: [V] the
-    head's log-probs for the token after the root. Returns a tree of at most cfg.total_tokens nodes.
-    With `vocab` [V] (a reduced draft vocabulary), log-prob index i stands for token vocab[i].
-
-    1. Layer 1 = top-k of root_logp (score = log q).
-    2. Up to `depth` times: feed the k frontier nodes (features = their parents' outputs), score
-       their top-k children by cumulative log-prob, keep the best k of the k² as the next frontier.
-       With `expand`, each round first asks it (cumulative log-probs of every node so far and of
-       the frontier); False stops the search there (the cost model's depth cut).
-    3. Global re-rank: keep the best total_tokens - 1 of all scored nodes. Scores never increase
-       along a path and ties break by creation order, so the kept set is ancestor-closed.
-    """
-    budget = cfg.total_tokens - 1
-    if budget <= 0:
-        return DraftTree.root_only(root)
-    k = min(cfg.top_k, budget, root_logp.shape[-1])
-    ids = (lambda ix: ix.cpu()) if vocab is None else (lambda ix: vocab.cpu()[ix.cpu()])
-    top = torch.topk(root_logp.float(), k)
-    nodes = [_Node(int(t), float(s), -1) for s, t in zip(top.values.tolist(), ids(top.indices).tolist())]
-    frontier = list(range(k))
-    feats = root_feat[None].expand(k, -1)                                     # [k, H]
-    parent_slots = None
-    for i in range(cfg.depth):
-        if expand is not None and not expand([nd.score for nd in nodes], [nodes[j].score for j in frontier]):
-            break
-        tokens = torch.tensor([nodes[j].token for j in frontier], dtype=torch.long)
-        out, logp = step_fn(feats, tokens, i, parent_slots)                   # [k', H], [k', V]
-        ct = torch.topk(logp.float(), k, dim=-1)                              # [k', k]
-        base = torch.tensor([nodes[j].score for j in frontier])[:, None]
-        cu = (ct.values.cpu().double() + base.double())                       # [k', k]
-        first = len(nodes)
-        cand_tok = ids(ct.indices).tolist()
-        cu_list = cu.tolist()
-        for a, parent in enumerate(frontier):
-            for b in range(k):
-                nodes.append(_Node(int(cand_tok[a][b]), float(cu_list[a][b]), parent))
-        sel = torch.topk(cu.flatten(), min(k, cu.numel())).indices.tolist()
-        sel.sort()
-        frontier = [first + s for s in sel]
-        parent_slots = torch.tensor([s // k for s in sel])                    # [k'']: row of each parent
-        feats = out[parent_slots.to(out.device)]
-    order = sorted(range(len(nodes)), key=lambda j: (-nodes[j].score, j))[:budget]
-    keep = sorted(order)
-    index = {j: r + 1 for r, j in enumerate(keep)}
-    tokens = [root] + [nodes[j].token for j in keep]
-    parents = [-1] + [0 if nodes[j].parent == -1 else index[nodes[j].parent] for j in keep]
-    scores = [0.0] + [nodes[j].score for j in keep]
-    probs = [1.0] + [math.exp(nodes[j].score - (0.0 if nodes[j].parent == -1 else nodes[nodes[j].parent].score))
-                     for j in keep]
-    return DraftTree.from_parents(tokens, parents, "eagle", scores=scores, draft_probs=probs)
 
 
 def capped_tree_config(cfg: TreeConfig, max_nodes: int) -> TreeConfig:
@@ -134,6 +64,27 @@ def eagle_node_probs(tree: DraftTree, kappa: float) -> list[float]:
     if not tree.scores:
         return [1.0] + [0.0] * (tree.size - 1)
     return [1.0] + calibrated(tree.scores[1:], kappa)
+
+
+class _LayerTimer:
+    """A StepFn that times each layer with a Stopwatch (CUDA events on `devices`, no barrier) and
+    reports it to the cost model (source DEPTH_SOURCE) once done: `flush()` after a read-back."""
+
+    def __init__(self, step_fn: StepFn, cost: CostModel, devices: tuple[torch.device, ...]) -> None:
+        self.step_fn, self.cost, self.devices = step_fn, cost, devices
+        self.pending: list[Stopwatch] = []
+
+    def __call__(self, *args):
+        watch = Stopwatch(self.devices).start()
+        out = self.step_fn(*args)
+        watch.stop()
+        self.pending.append(watch)
+        return out
+
+    def flush(self) -> None:
+        while self.pending and (ms := self.pending[0].ms()) is not None:
+            self.cost.draft_ms(DEPTH_SOURCE, ms)
+            self.pending.pop(0)
 
 
 # ---------------------------------------------------------------------------- the drafter
@@ -183,7 +134,8 @@ class Eagle2Drafter:
         self.tree_cfg = tree
         self.cache = slab_cache(head.config)
         self._pending: list[torch.Tensor] = []   # each [m_i, H]: features of committed positions
-        self._cuda = cuda_devices(head)          # synchronised around timed layers (empty on the CPU)
+        # timed layers: the head's GPUs and the target's (its lm_head drafts); empty on the CPU
+        self._cuda = tuple(dict.fromkeys(cuda_devices(head) + cuda_devices(target.model)))
         self._reset_auto()
 
     def _reset_auto(self) -> None:
@@ -248,7 +200,7 @@ class Eagle2Drafter:
         exact count follows only if the bound says the head might pay (`_exact_hits`)."""
         m = feats.shape[0]
         dev = self.target.device
-        tok = torch.tensor(list(nxt), dtype=torch.long, device=dev)
+        tok = upload(list(nxt), dev, label="catch-up")                            # [m]
         pos = torch.arange(start, start + m, device=dev)
         out = self.head(self.target.embed(tok), feats, pos, cache, None)           # [m, H]
         r = min(m - 1, PROBE_ROWS) if check else 0
@@ -271,10 +223,10 @@ class Eagle2Drafter:
             return
         rows, truth = self._check
         self._check = None
-        top = self.head.draft_logits(self.target, rows).float().argmax(dim=-1).cpu()   # [r]
+        top = self.head.draft_logits(self.target, rows).float().argmax(dim=-1)       # [r]
         if self.head.draft_vocab is not None:
-            top = self.head.draft_vocab.cpu()[top]
-        self._hits = int((top == torch.tensor(truth)).sum())
+            top = self.head.draft_vocab.to(top.device)[top]
+        self._hits = sum(int(a == b) for a, b in zip(read(top, label="probe")[0], truth))
 
     @torch.inference_mode()
     def catch_up(self, committed: Sequence[int], root: int, check: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -339,10 +291,14 @@ class Eagle2Drafter:
         stable = self.kv_len
         step_fn, expand = self._step_fn(stable), None
         self._cut = None
+        timer = None
         if cost is not None and cfg.depth_cut:
-            step_fn, expand = self._timed(step_fn, cost, self._cuda), self._expand_rule(cost, cfg, t0)
+            timer = _LayerTimer(step_fn, cost, self._cuda)
+            step_fn, expand = timer, self._expand_rule(cost, cfg, t0, timer)
         try:
             tree = expand_tree(step_fn, root, f, logp, cfg, vocab=self.head.draft_vocab, expand=expand)
+            if timer is not None:
+                timer.flush()
         finally:
             added = self.kv_len - stable
             if added > 0:
@@ -351,19 +307,7 @@ class Eagle2Drafter:
             return EagleDraft(tree)
         return self._plan(tree, cost, (time.perf_counter() - t0) * 1000)
 
-    @staticmethod
-    def _timed(step_fn: StepFn, cost: CostModel, devices: tuple[torch.device, ...]) -> StepFn:
-        """`step_fn` that reports each layer's wall time to the cost model (source DEPTH_SOURCE),
-        waiting for `devices` (the head's GPUs) so a layer's time is its kernels', not their launch."""
-        def timed(*args):
-            t = time.perf_counter()
-            out = step_fn(*args)
-            synchronize(devices)
-            cost.draft_ms(DEPTH_SOURCE, (time.perf_counter() - t) * 1000)
-            return out
-        return timed
-
-    def _expand_rule(self, cost: CostModel, cfg: TreeConfig, t0: float) -> ExpandRule:
+    def _expand_rule(self, cost: CostModel, cfg: TreeConfig, t0: float, timer: "_LayerTimer") -> ExpandRule:
         """The cost model's depth cut: grow another layer only if it could raise the step's
         expected tokens per millisecond. The next layer's nodes are children of the frontier, so
         their calibrated probabilities add up to at most κ·Σ exp(frontier score) (every later
@@ -374,6 +318,7 @@ class Eagle2Drafter:
         curve, kappa = cost.curve(), self.kappa
 
         def expand(scores: Sequence[float], frontier: Sequence[float]) -> bool:
+            timer.flush()                         # the layers timed so far (read back: their events are done)
             layer_ms = cost.draft_ms(DEPTH_SOURCE)
             if layer_ms <= 0.0:
                 return True                       # no layer timed yet in this request

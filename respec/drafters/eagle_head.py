@@ -40,6 +40,7 @@ from respec.models.attention import additive_mask
 from respec.models.base import TargetModel
 from respec.models.compat import pass_cache_as
 from respec.models.kv import slab_cache
+from respec.transfer import to_device
 
 _HEAD_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
               "rms_norm_eps", "rope_theta", "rope_parameters", "max_position_embeddings", "hidden_act",
@@ -63,7 +64,7 @@ class LMHead:
                    target.softcap)
 
     def subset(self, ids: torch.Tensor) -> "LMHead":
-        ids = ids.to(self.weight.device)
+        ids = to_device(ids, self.weight.device, "lm-head rows")
         return LMHead(self.weight[ids].contiguous(), None if self.bias is None else self.bias[ids].contiguous(),
                       self.softcap)
 

@@ -14,6 +14,8 @@ from typing import Sequence
 
 import torch
 
+from respec.transfer import read, to_host, upload
+
 CHECK_CONTEXT = 256  # the committed text's last this many tokens are candidates ...
 CHECK_SPREAD = 512   # ... and about this many ids spread over the vocabulary
 
@@ -26,7 +28,7 @@ def check_vocab(vocab_size: int, truth: Sequence[int], context: Sequence[int],
                               | set(spread)), dtype=torch.long)
     ids = ids[(ids >= 0) & (ids < vocab_size)]
     if draft_vocab is not None:
-        ids = ids[torch.isin(ids, draft_vocab.cpu())]
+        ids = ids[torch.isin(ids, to_host(draft_vocab, "probe"))]
     return ids
 
 
@@ -37,8 +39,9 @@ def bound_hits(logits: torch.Tensor, truth: Sequence[int], ids: torch.Tensor) ->
     if ids.numel() == 0:
         return 0
     logits = logits.float()                                                        # [r, S]
-    want = torch.tensor([int(t) for t in truth], dtype=torch.long)                 # [r]
-    where = torch.searchsorted(ids, want).clamp(max=ids.numel() - 1)               # [r]
-    present = ids[where] == want
-    own = logits.gather(1, where.to(logits.device)[:, None])[:, 0].cpu()            # [r]
-    return int((present & (own >= logits.max(dim=-1).values.cpu())).sum())
+    want = torch.tensor([int(t) for t in truth], dtype=torch.long)                 # [r] (host)
+    where = torch.searchsorted(ids, want).clamp(max=ids.numel() - 1)               # [r] (host)
+    present = (ids[where] == want).tolist()  # host
+    own = logits.gather(1, upload(where.tolist(), logits.device, label="probe")[:, None])[:, 0]   # host: [r]
+    wins, = read(own >= logits.max(dim=-1).values, label="probe")                 # ONE read: [r]
+    return sum(int(p and w) for p, w in zip(present, wins))

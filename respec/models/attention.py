@@ -1,25 +1,27 @@
-"""Attention for tree verification and decoding on the CPU, through transformers' public AttentionInterface.
+"""Attention for tree verification and decoding, on the CPU and CUDA alike, through transformers' public AttentionInterface.
 
 Contract: `use_tree_attention(model)` registers the attention function "respec_sdpa" (the same
 function each time; the mask builder is transformers' own `sdpa_mask`) and switches a model that uses "sdpa"
 to it. Every call that does not pass `respec_gqa=True` goes to transformers' `sdpa_attention_forward`
 unchanged, so `model.generate` (the hf peers of the benchmark) runs exactly the stock code. The
 engine's forwards (HFTarget.forward_tree: vanilla's steps and every method's steps alike) pass
-`respec_gqa=True`; on the CPU, with grouped KV heads, no dropout, position bias or softcap:
-- more than one query under a mask (a draft tree or chain) calls torch's SDPA with `enable_gqa=True`.
-  Stock transformers only does that without a mask and otherwise copies every layer's keys and values
-  to all query heads first (`repeat_kv`: ~55 MB per 16-node verify at an 800-token context on the
-  default model);
-- one query (a decode step) is packed as the `g` queries of each KV head ([B, H_kv, g, D]) and
-  attends without `enable_gqa`. Stock transformers sends an unmasked single query to SDPA with
-  `enable_gqa=True`, which in bfloat16 on the CPU is several times slower (float32 is about the
-  same either way): a whole one-token step of the default model at a 2,048-token context took
-  99.7 ms that way against 63.8 ms packed (scripts/kv_attention_bench.py, BENCHMARKS.md §8), more
-  than a two-token tree. Vanilla decoding goes through this path too, so speedups are measured
-  against the fast single-token step.
-Same maths (bit-identical logits for the tree path, tests/test_kv_cache.py; float rounding for the
-packed path). On CUDA a masked GQA call would fall back to torch's math kernel, so there the stock
-path is kept.
+`respec_gqa=True`; with grouped KV heads (g query heads per KV head), no dropout, position bias or
+softcap, ONE packed path serves every device:
+- the g query heads of each KV head are folded into its query rows ([B, H, q, D] ->
+  [B, H_kv, g*q, D], head h = j*g + r reading KV head j, transformers' repeat_kv order), the
+  mask [B, 1, q, k] is tiled g times along the rows, and plain SDPA runs over the KV heads as they
+  are. Stock transformers copies every layer's keys and values to all query heads first whenever
+  a mask is given (`repeat_kv`: ~55 MB per 16-node verify at an 800-token context on the default
+  model; on CUDA a masked GQA call would also fall back to the math kernel), while vanilla's
+  unmasked one-token step does not: tree methods would pay a copy of the whole cache per verify.
+- one query (a decode step) is the same fold with q = 1. Stock transformers sends an unmasked
+  single query to SDPA with `enable_gqa=True`, which in bfloat16 on the CPU is several times
+  slower: a whole one-token step of the default model at a 2,048-token context took 99.7 ms that
+  way against 63.8 ms packed (scripts/kv_attention_bench.py, BENCHMARKS.md §8). Vanilla decoding
+  goes through this path too, so speedups are measured against the fast single-token step.
+- several queries without a mask (the model's own causal flag) stay on the stock path (it then
+  uses grouped SDPA without a copy).
+Same maths up to float rounding (tests/test_kv_cache.py: the logits equal the stock path's in fp32).
 
 `additive_mask(blocked, past, dtype)` is the one bool -> additive mask conversion (tree verification
 in hf.py, the EAGLE head's causal and tree masks in respec/drafters/).
@@ -39,27 +41,32 @@ def respec_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
 
     engine_call = kwargs.pop("respec_gqa", False)
     groups = getattr(module, "num_key_value_groups", 1)
-    if (engine_call and query.device.type == "cpu" and groups > 1 and dropout == 0.0
-            and kwargs.get("position_bias") is None and kwargs.get("softcap") is None):
-        if query.shape[2] == 1:
-            return _single_query(query, key, value, attention_mask, scaling, groups), None
-        if attention_mask is not None:
-            out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
-                                                                   scale=scaling, enable_gqa=True)
-            return out.transpose(1, 2).contiguous(), None
+    if (engine_call and groups > 1 and dropout == 0.0 and kwargs.get("position_bias") is None
+            and kwargs.get("softcap") is None and (query.shape[2] == 1 or attention_mask is not None)):
+        return packed_gqa(query, key, value, attention_mask, scaling, groups), None
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                   is_causal=is_causal, **kwargs)
 
 
+def packed_gqa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
+               scaling: float | None, groups: int) -> torch.Tensor:
+    """query [B, H, q, D], key/value [B, H_kv, k, D], mask None or [B, 1, q, k] -> [B, q, H, D]: query
+    head h = j * groups + r (repeat_kv's order) becomes rows r*q .. r*q + q - 1 of KV head j, and
+    the mask is tiled `groups` times along the rows to match."""
+    b, h, q, d = query.shape
+    packed = query.reshape(b, h // groups, groups * q, d)                          # [B, H_kv, g*q, D]
+    mask = None if attention_mask is None else attention_mask[:, :, :, :key.shape[-2]]   # as the stock path
+    if mask is not None and q > 1:
+        mask = mask.repeat(1, 1, groups, 1)                                        # [B, 1, g*q, k]
+    out = torch.nn.functional.scaled_dot_product_attention(packed, key, value, attn_mask=mask,
+                                                           scale=scaling)         # [B, H_kv, g*q, D]
+    return out.reshape(b, h, q, d).transpose(1, 2).contiguous()
+
+
 def _single_query(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                   attention_mask: torch.Tensor | None, scaling: float | None, groups: int) -> torch.Tensor:
-    """query [B, H, 1, D], key/value [B, H_kv, k, D], mask None or [B, 1, 1, k] -> [B, 1, H, D]: query
-    head h = j * groups + r (repeat_kv's order) becomes query r of KV head j."""
-    b, h, _, d = query.shape
-    packed = query.reshape(b, h // groups, groups, d)                             # [B, H_kv, g, D]
-    out = torch.nn.functional.scaled_dot_product_attention(packed, key, value, attn_mask=attention_mask,
-                                                           scale=scaling)         # [B, H_kv, g, D]
-    return out.reshape(b, h, 1, d).transpose(1, 2).contiguous()
+    """The packed path with one query: query [B, H, 1, D] -> [B, 1, H, D] (see `packed_gqa`)."""
+    return packed_gqa(query, key, value, attention_mask, scaling, groups)
 
 
 def use_tree_attention(model) -> bool:

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 class TargetOutput:
     logits: torch.Tensor             # [n, vocab] float32
     hidden: torch.Tensor | None      # [n, F] features (F = hidden, or layers x hidden: use_features), model dtype
+    tokens: torch.Tensor | None = None    # forward_tree: [n] the tree's tokens on the logits' device (uploaded once)
+    parents: torch.Tensor | None = None   # forward_tree: [n] each node's parent (the root: 0), same device
 
 
 class TargetModel(Protocol):
@@ -59,14 +61,19 @@ class TargetModel(Protocol):
     def forward_tree(self, tree: DraftTree, need_hidden: bool = True) -> TargetOutput:
         """One forward over every tree node; logits [n + 1, vocab], hidden [n + 1, H] or None."""
 
-    def keep(self, path: Sequence[int]) -> None:
-        """Commit the KV rows of `path` (tree node indices, root first) from the last forward_tree."""
+    def keep(self, path: Sequence[int], index: torch.Tensor | None = None) -> None:
+        """Commit the KV rows of `path` (tree node indices, root first) from the last forward_tree;
+        `index`, when given, is `path` already on the target's device."""
 
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., H] -> [..., vocab] logits through the target's output layer."""
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """[...] token ids -> [..., H] input embeddings of the target."""
+
+    @property
+    def weight_devices(self) -> tuple[torch.device, ...]:
+        """The devices holding the model's weights (every GPU under device_map="auto"): timing waits on all."""
 
     def verify_cost_curve(self, max_size: int = 64, context: int = 256, reps: int = 4) -> dict[int, float]:
         """Milliseconds of one tree forward per tree size {n: ms} (n <= max_size) after `context`

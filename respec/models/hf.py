@@ -28,9 +28,10 @@ import torch
 from transformers import DynamicCache
 
 from respec.models.base import TargetOutput
-from respec.models.compat import cache_kwarg, check_placement, check_transformers, cuda_devices, synchronize
+from respec.models.compat import cache_kwarg, check_placement, check_transformers, cuda_devices
 from respec.models.attention import additive_mask, use_tree_attention
 from respec.models.kv import slab_cache
+from respec.transfer import barrier, upload, upload_parts
 from respec.tree import DraftTree
 
 if TYPE_CHECKING:
@@ -61,6 +62,7 @@ class HFTarget:
         self._pending: int = 0          # tree nodes fed by the last forward_tree, not yet kept
         self._cache_kw = cache_kwarg(self._base.forward)      # "cache" (5.24) or "past_key_values"
         self._cuda_devices = cuda_devices(model)              # synchronised around timed forwards
+        self._cost_curves: dict[int, dict[int, float]] = {}   # context -> {tree size: ms} (verify_cost_curve)
         self.feature_layers: tuple[int, ...] | None = None    # use_features: None = final-norm features
         self._captured: dict[int, torch.Tensor] = {}          # layer id -> its input in the last forward
         self._hooks: list = []
@@ -73,6 +75,11 @@ class HFTarget:
     @property
     def dtype(self) -> torch.dtype:
         return self._embed.weight.dtype
+
+    @property
+    def weight_devices(self) -> tuple[torch.device, ...]:
+        """Every CUDA device holding weights (several under device_map="auto"), else the model's device."""
+        return self._cuda_devices or (self.device,)
 
     @property
     def pad_token_id(self) -> int:
@@ -160,21 +167,25 @@ class HFTarget:
             raise RuntimeError("forward_tree called twice without keep()")
         past = self.kv_len
         n = tree.size
-        ids = torch.tensor([tree.tokens], dtype=torch.long, device=self.device)     # [1, n]
-        depths = torch.tensor(tree.depths(), dtype=torch.long, device=self.device)
         is_chain = all(p == i - 1 for i, p in enumerate(tree.parents))
-        if is_chain:
-            mask = None   # the model's causal mask equals the chain's ancestor mask
-        else:
-            # built on the device: only the [n, n] ancestor mask is copied, not [n, past + n]
-            blocked = ~tree.attention_mask().to(self.device, non_blocking=True)           # [n, n]
+        # ONE upload: tokens, depths, parents and (for a branching tree) the [n, n] ancestor mask; the
+        # [n, past + n] additive mask is built on the device
+        parts = [tree.tokens, tree.depths(), [max(p, 0) for p in tree.parents]]
+        if not is_chain:
+            parts.append(tree.attention_mask().flatten().to(torch.long).tolist())  # host
+        got = upload_parts(parts, self.device, label="tree")
+        ids, depths, parents = got[0], got[1], got[2]                                # each [n]
+        mask = None      # a chain: the model's causal mask equals the chain's ancestor mask
+        if not is_chain:
+            blocked = got[3].view(n, n) == 0                                               # [n, n]
             mask = additive_mask(blocked, past, self.dtype)                                # [1,1,n,past+n]
-        out = self._forward(input_ids=ids, attention_mask=mask, position_ids=(past + depths)[None],
+        out = self._forward(input_ids=ids[None], attention_mask=mask, position_ids=(past + depths)[None],
                             **self._tree_kwargs)
         self._pending = n
         hidden = out.last_hidden_state[0]                                            # [n, H]
         logits = self.lm_head(hidden).float()                                        # [n, V]
-        return TargetOutput(logits=logits, hidden=self._features(out) if need_hidden else None)   # [n, F]
+        return TargetOutput(logits=logits, hidden=self._features(out) if need_hidden else None,   # [n, F]
+                            tokens=ids.to(logits.device), parents=parents.to(logits.device))  # [n], [n]
 
     COST_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 
@@ -182,11 +193,12 @@ class HFTarget:
     def verify_cost_curve(self, max_size: int = 64, context: int = 256, reps: int = 4) -> dict[int, float]:
         """Milliseconds of one tree forward of n tokens after `context` cached tokens, for the sizes
         of COST_SIZES up to `max_size` (and `max_size` itself). Measured once per size and cached on
-        the target: one untimed warm-up per size, then `reps` rounds that each time every size in
-        turn, and the fastest of each size's rounds (other processes only ever add time; rounds
-        interleave the sizes, so a busy spell cannot bend the curve's shape). The engine's own
-        cache is left untouched."""
-        curve: dict[int, float] = getattr(self, "_cost_curve", None) or {}
+        the target per context length (`measured_curve`); one untimed warm-up per size, then `reps`
+        rounds that each time every size in turn, and the fastest of each size's rounds (other
+        processes only ever add time; rounds interleave the sizes, so a busy spell cannot bend the
+        curve's shape). The engine's own cache is left untouched."""
+        context = max(1, min(context, self.context_length // 2))
+        curve = self._cost_curves.setdefault(context, {})
         sizes = sorted({n for n in self.COST_SIZES if n <= max_size} | {max(1, max_size)} | {1})
         missing = [n for n in sizes if n not in curve]
         if not missing:
@@ -194,7 +206,6 @@ class HFTarget:
         saved, saved_pending = self.cache, self._pending
         try:
             vocab = min(self.vocab_size, 1000)
-            context = max(1, min(context, self.context_length // 2))
             self.cache, self._pending = slab_cache(self.model.config), 0
             ids = torch.arange(context, device=self.device)[None] % vocab
             self._forward(input_ids=ids)
@@ -203,10 +214,10 @@ class HFTarget:
             best = {n: float("inf") for n in trees}
 
             def timed(tree: DraftTree) -> float:
-                synchronize(self._cuda_devices)      # every GPU holding layers, not only the first
+                barrier(self._cuda_devices, "cost curve")   # every GPU holding layers, not only the first
                 t0 = time.perf_counter()
                 self.forward_tree(tree, need_hidden=False)
-                synchronize(self._cuda_devices)
+                barrier(self._cuda_devices, "cost curve")
                 ms = (time.perf_counter() - t0) * 1000
                 self.keep([0])
                 self.cache.crop(-1)
@@ -220,15 +231,18 @@ class HFTarget:
             curve.update(best)
         finally:
             self.cache, self._pending = saved, saved_pending
-        self._cost_curve = curve
         return {n: curve[n] for n in sizes if n in curve}
+
+    def measured_curve(self, context: int = 256) -> dict[int, float]:
+        """What `verify_cost_curve` has measured so far at `context` cached tokens ({} if nothing)."""
+        return dict(self._cost_curves.get(max(1, min(context, self.context_length // 2)), {}))
 
     @torch.inference_mode()
     def nll(self, prompt: Sequence[int], output: Sequence[int]) -> tuple[float, int]:
         """Total negative log-likelihood (nats) of `output` after `prompt` under the target, and the
         number of scored tokens. Uses its own cache; resets the engine's cache (call between runs)."""
         self.reset()
-        ids = torch.tensor([list(prompt) + list(output)], dtype=torch.long, device=self.device)
+        ids = upload([list(prompt) + list(output)], self.device, label="nll")          # [1, n]
         hidden = self._forward(input_ids=ids).last_hidden_state[0]
         n = len(output)
         logits = self.lm_head(hidden[len(prompt) - 1:len(prompt) - 1 + n]).float()      # [n, V]
@@ -237,8 +251,9 @@ class HFTarget:
         return float(-lp.sum()), n
 
     @torch.inference_mode()
-    def keep(self, path: Sequence[int]) -> None:
-        """Commit the rows of `path` (root first, ascending node indices) of the last tree."""
+    def keep(self, path: Sequence[int], index: torch.Tensor | None = None) -> None:
+        """Commit the rows of `path` (root first, ascending node indices) of the last tree. `index`:
+        `path` already on a device ([len(path)] int64), so a non-prefix path costs no upload here."""
         n, past = self._pending, self.kv_len
         path = list(path)
         if not path or path[0] != 0:
@@ -247,7 +262,7 @@ class HFTarget:
             # Non-prefix path: move the kept rows to the front of the tree block, per layer.
             # e.g. past=10, path=[0, 2, 5]: rows 10,12,15 -> 10,11,12; then drop 3 trailing rows.
             # The index goes to each device once (one copy per GPU, not two per layer).
-            src = torch.tensor([past + i for i in path], dtype=torch.long, device=self.device)   # [len(path)]
+            src = (upload(path, self.device, label="keep") if index is None else index) + past   # [len(path)]
             on_device = {src.device: src}
             for layer in self.cache.layers:
                 for name in ("keys", "values"):
