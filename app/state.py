@@ -6,10 +6,18 @@ Contract: a `SessionState` holds up to three finished runs keyed by column ("res
 (`TokenizerDecoder` or `TableDecoder`, app/decoders.py). Live
 runs and uploaded trace files end up here the same way, so every view renders from this object
 alone and replay needs no model.
+
+Stop crosses processes: on a ZeroGPU Space a run decodes in `spaces`' GPU worker on a pickled copy
+of the state, while Stop runs in the main process. `stop_requested` is therefore a flag file named by
+the session's random `token` (in the temp folder both processes share) as well as a field: setting
+it writes or removes the file, reading it checks both. Nothing is written at import.
 """
 from __future__ import annotations
 
+import tempfile
+import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from app.history import History
@@ -55,8 +63,32 @@ class SessionState:
     trace_dir: str | None = None     # this session's folder for downloadable trace files
     last_render_ms: list[float] = field(default_factory=list)   # server time of each streamed update
     running: bool = False            # a run of this tab is queued or going (set by Run, cleared at its end / Stop)
-    stop_requested: bool = False     # Stop was pressed during the current run (cleared by the next Run)
     history: History = field(default_factory=History)   # this tab's Compare runs (app/history.py); clear() keeps it
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)   # names this tab's Stop flag file
+    stopped: bool = False            # Stop was pressed in this process (see stop_requested)
+
+    @property
+    def stop_requested(self) -> bool:
+        """Stop was pressed during the current run (cleared by the next Run), in this process or
+        in another holding a copy of this state (its flag file)."""
+        return self.stopped or _stop_flag(self.token).exists()
+
+    @stop_requested.setter
+    def stop_requested(self, value: bool) -> None:
+        self.stopped = bool(value)
+        flag = _stop_flag(self.token)
+        if value:
+            flag.parent.mkdir(parents=True, exist_ok=True)
+            flag.touch()
+        else:
+            flag.unlink(missing_ok=True)
+
+    def begin_run(self) -> None:
+        """Run was pressed: running, with a fresh Stop flag of its own (copies of a page's default
+        state share a token until their first run)."""
+        self.stop_requested = False
+        self.token = uuid.uuid4().hex
+        self.running = True
 
     def put(self, key: str, run: Run) -> None:
         self.runs[key] = run
@@ -79,3 +111,8 @@ class SessionState:
     def choices(self) -> list[tuple[str, str]]:
         """(label, key) pairs for the explorer's run picker."""
         return [(self.runs[k].label, k) for k in RUN_KEYS if k in self.runs]
+
+
+def _stop_flag(token: str) -> Path:
+    """The Stop flag file of the session `token` (shared by the main process and the GPU worker)."""
+    return Path(tempfile.gettempdir()) / "respec-stop" / token

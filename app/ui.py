@@ -11,6 +11,13 @@ when the page is built or launched. RESPEC_GPU_DURATION (seconds of GPU a ZeroGP
 per run; spaces.GPU's default is 60, ours 120) and RESPEC_MAX_SESSIONS are read in `build_demo` /
 `launch_kwargs`; a bad value falls back to the default with a warning.
 
+ZeroGPU: a `@gpu` function runs in `spaces`' GPU worker process, which pickles its arguments and
+every value it yields or returns. So `@gpu` generators yield {output name: value} with plain values
+(names are mapped to components by `_bind` in the main process), the page's runs hand the session
+state (its history included) back through the "state" output, Stop reaches the worker through the
+state's flag file (app/state.py), and `/compare` records its history row in the main process,
+where `/history` reads it (the GPU part is `api.compare_api` alone).
+
 Launch with `demo.queue(...)` already applied here and `demo.launch(**launch_kwargs())`.
 """
 from __future__ import annotations
@@ -67,7 +74,7 @@ def _bind(fn: Callable, comps: dict[str, Any]) -> Callable:
     def convert(d: dict[str, Any]) -> dict[Any, Any]:
         return {comps[k]: v for k, v in d.items() if k in comps}
 
-    if inspect.isgeneratorfunction(fn):
+    if inspect.isgeneratorfunction(inspect.unwrap(fn)) or inspect.isgeneratorfunction(fn):
         @functools.wraps(fn)
         def gen(*args):
             for d in fn(*args):
@@ -81,8 +88,10 @@ def _bind(fn: Callable, comps: dict[str, Any]) -> Callable:
 
 
 def _delete_session(state: SessionState) -> None:
-    if isinstance(state, SessionState) and state.trace_dir:
-        shutil.rmtree(state.trace_dir, ignore_errors=True)
+    if isinstance(state, SessionState):
+        state.stop_requested = False             # its Stop flag file, if any
+        if state.trace_dir:
+            shutil.rmtree(state.trace_dir, ignore_errors=True)
 
 
 def build_demo(hub: ModelHub | None = None, caps: Caps | None = None) -> gr.Blocks:
@@ -224,15 +233,7 @@ def _wire_traces(demo: gr.Blocks, page: Page, state, hub: ModelHub) -> None:
 def _wire_lab(page: Page, hub: ModelHub, caps: Caps, gpu_s: int) -> None:
     """Run Lab (in the shared "gpu" group, streamed), Stop, and the methods / grid switch."""
     lab, auto = page.lab, page.inputs["auto"]
-
-    @gpu(duration=gpu_s)
-    def run_lab(mode, cats, per_cat, max_new, methods, grid_method, grid, upload, auto_on, *vals):
-        req = lab_request(mode, cats, per_cat, max_new, methods, grid_method, grid, upload,
-                          _values_of(auto_on, *vals))
-        for update in lab_stream(hub, caps, req):
-            yield {lab[k]: (gr.update(value=v, visible=v is not None) if k == "download" else v)
-                   for k, v in update.items()}
-
+    run_lab = _bind(lab_runner(hub, caps, gpu_s), lab)      # names -> components here, in the main process
     lab_inputs = [lab["mode"], lab["categories"], lab["per_category"], lab["max_new_tokens"], lab["methods"],
                   lab["grid_method"], lab["grid"], lab["upload"], auto, *[page.controls[k] for k in SPEC_KEYS]]
     lab_outputs = [lab["status"], lab["table"], lab["plot"], lab["download"]]
@@ -245,21 +246,40 @@ def _wire_lab(page: Page, hub: ModelHub, caps: Caps, gpu_s: int) -> None:
                        [lab["mode"]], [lab["methods_box"], lab["grid_box"]], queue=False, api_visibility="private")
 
 
+def lab_runner(hub: ModelHub, caps: Caps, gpu_s: int) -> Callable:
+    """The Lab run under `@gpu`: a generator of {output name: value} (status, table, plot,
+    download). `spaces` pickles every yield across its worker boundary, so it yields names and
+    plain values, never components (a component drags its whole Blocks along)."""
+    @gpu(duration=gpu_s)
+    def run_lab(mode, cats, per_cat, max_new, methods, grid_method, grid, upload, auto_on, *vals):
+        req = lab_request(mode, cats, per_cat, max_new, methods, grid_method, grid, upload,
+                          _values_of(auto_on, *vals))
+        for update in lab_stream(hub, caps, req):
+            yield {k: (gr.update(value=v, visible=v is not None) if k == "download" else v)
+                   for k, v in update.items()}
+    return run_lab
+
+
 # ------------------------------------------------------------------------------- the API
 def _register_api(hub: ModelHub, caps: Caps, gpu_s: int) -> None:
     """`/compare` (in the shared "gpu" group; each call joins its client's history), `/replay`, `/history`."""
     api_histories = tuning.HistoryStore(env_int("RESPEC_MAX_SESSIONS", 300))   # /compare runs per API client
 
     @gpu(duration=gpu_s)
+    def on_gpu(prompt: str, settings_json: str) -> tuple[str, str, str, str, str]:
+        return api.compare_api(hub, caps, prompt, settings_json)
+
     def compare(prompt: str, settings_json: str = "{}", request: gr.Request = None) -> tuple[str, str, str, str, str]:
         """Run ReSpec and EAGLE-2 on one prompt.
 
         Returns (ReSpec text, EAGLE-2 text, ReSpec trace JSON, EAGLE-2 trace JSON, metrics JSON).
         settings_json: a JSON object of settings ("{}" = defaults), e.g. {"theta_H": 1.5}."""
         try:
-            out = api.compare_api(hub, caps, prompt, settings_json)
+            out = on_gpu(prompt, settings_json)
         except RespecError as exc:
             raise gr.Error(str(exc), print_exception=False) from None
+        # recorded here, in the main process, where /history reads (on ZeroGPU the run itself
+        # happens in the GPU worker, whose memory the main process never sees)
         tuning.record_api_run(api_histories, getattr(request, "session_hash", None), hub, caps, prompt, out)
         return out
 
@@ -300,8 +320,7 @@ def _claim(state: SessionState) -> str:
         if state.running:
             raise gr.Error("A run is already going in this tab: wait for it, or press Stop first.",
                            print_exception=False)
-        state.running = True
-        state.stop_requested = False
+        state.begin_run()
     return "▶ queued…"
 
 
