@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run the test suite: set up (idempotent, see scripts/setup.sh), install the test tools (requirements-dev.txt,
-# idempotent the same way), then pytest over tests/.
+# idempotent the same way), then pytest over tests/, then the engine's lossless suite under transformers 5.17
+# (scripts/compat_test.sh).
 # Usage: bash scripts/test.sh [extra pytest arguments, e.g. -k loading -x]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,4 +36,10 @@ if [ ! -x /usr/bin/chromium ]; then
 fi
 # ---- END BROWSER TESTS SETUP ---------------------------------------------------------------------
 
-exec .venv/bin/python -m pytest -q tests "$@"
+.venv/bin/python -m pytest -q tests "$@"
+
+# The lossless suite again against the transformers a lent GPU machine has (5.17, huggingface_hub < 2),
+# a few minutes; only for the whole suite (extra pytest arguments run what they name, nothing more).
+if [ $# -eq 0 ]; then
+    bash scripts/compat_test.sh
+fi
