@@ -1,5 +1,9 @@
 """Print the target's verify-cost curve: milliseconds of one tree forward of n tokens after a
-context of C cached tokens (the same measurement `tree.auto` uses), and its ratio to n = 1.
+context of C cached tokens (the same measurement `tree.auto` uses), and its ratio to n = 1; then
+the machine's measured memory bandwidth and matmul throughput (a few seconds of torch operations,
+respec/models/roofline.py) and, per size, the roofline bound they imply (weights and cached keys and
+values read once / bandwidth, or FLOPs / throughput, whichever is larger) and the forward's distance
+from it (`--no-bound` skips this part).
 
     .venv/bin/python scripts/verify_cost.py [--model default] [--context 768] [--dtype float32]
 """
@@ -20,6 +24,7 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=768)
     ap.add_argument("--reps", type=int, default=6)
     ap.add_argument("--dtype", default="auto", help="auto | bfloat16 | float16 | float32")
+    ap.add_argument("--no-bound", action="store_true", help="skip the bandwidth/throughput measurement")
     args = ap.parse_args()
     target = load_target(args.model, dtype=args.dtype)
     curve = target.verify_cost_curve(max_size=64, context=args.context, reps=args.reps)
@@ -29,6 +34,25 @@ def main() -> None:
     print("|---|" + "---|" * len(curve))
     print("| ms | " + " | ".join(f"{v:.1f}" for v in curve.values()) + " |")
     print("| x one token | " + " | ".join(f"{v / curve[1]:.2f}" for v in curve.values()) + " |")
+    if not args.no_bound:
+        print_bound(target, curve, args.context)
+
+
+def print_bound(target, curve: dict[int, float], context: int) -> None:
+    from respec.models.roofline import forward_bound, measure_machine, target_profile
+
+    limits = measure_machine(target.device, target.dtype)
+    profile = target_profile(target)
+    print(f"\nmachine: memory bandwidth {limits.bandwidth_gbs:.1f} GB/s (copy, read + write), "
+          f"{limits.dtype} matmul {limits.matmul_gflops:.0f} GFLOP/s; model: {profile.weight_bytes / 1e6:.0f} MB "
+          f"of weights, {profile.kv_bytes_per_token / 1e3:.1f} kB of keys/values per cached token")
+    bounds = {n: forward_bound(profile, limits, n, context) for n in curve}
+    print("| tree tokens | " + " | ".join(str(n) for n in curve) + " |")
+    print("|---|" + "---|" * len(curve))
+    print("| bound ms | " + " | ".join(f"{b['bound_ms']:.1f}" for b in bounds.values()) + " |")
+    print("| bound by | " + " | ".join("memory" if b["memory_ms"] >= b["compute_ms"] else "compute"
+                                       for b in bounds.values()) + " |")
+    print("| x bound | " + " | ".join(f"{curve[n] / bounds[n]['bound_ms']:.2f}" for n in curve) + " |")
 
 
 if __name__ == "__main__":

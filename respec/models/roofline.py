@@ -1,0 +1,101 @@
+"""How far a target forward is from what the machine can physically do (issue 31, "Know the limit").
+
+Contract:
+- `measure_machine(device, dtype)` times two torch operations for a few seconds and returns a
+  `MachineLimits`: memory bandwidth (a large tensor copy, bytes read + written per second, the
+  fastest of several rounds) and matmul throughput in `dtype` (a square matmul large enough to be
+  compute-bound, FLOP/s, the fastest of several rounds).
+- `forward_bound(model_bytes, kv_bytes_per_token, flops_per_token, ...)` is a pure function: the
+  roofline time of one forward of n new tokens after `context` cached ones = max(bytes moved /
+  bandwidth, FLOPs / throughput), where bytes moved = every weight once + the cached keys/values
+  once, and FLOPs = 2 x the parameters a token passes through (the output layer included) + the
+  attention's 4 x context x hidden per layer.
+- `target_profile(target)` reads those three figures off a loaded HFTarget's model and config.
+Nothing is measured at import.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class MachineLimits:
+    bandwidth_gbs: float        # GB/s of a large copy, read + write counted
+    matmul_gflops: float        # GFLOP/s of a large square matmul in `dtype`
+    dtype: str
+
+
+@dataclass(frozen=True)
+class TargetProfile:
+    weight_bytes: int           # every parameter once (a tied embedding/output matrix counted once)
+    kv_bytes_per_token: int     # keys + values of one cached position over all layers
+    flops_per_token: int        # 2 x parameters on a token's path (embedding lookup excluded, output layer included)
+    attn_flops_per_ctx: int     # per new token, per cached position: 4 x heads x head_dim x layers
+
+
+def _fastest(fn, rounds: int) -> float:
+    fn()                                        # warm-up (allocation, kernel selection)
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def measure_machine(device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16,
+                    copy_mib: int = 512, matmul_n: int = 2048, rounds: int = 5) -> MachineLimits:
+    """Bandwidth and matmul throughput of this machine, measured now (a few seconds)."""
+    device = torch.device(device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    src = torch.empty(copy_mib * 2 ** 20, dtype=torch.uint8, device=device).fill_(1)
+    dst = torch.empty_like(src)
+
+    def copy():
+        dst.copy_(src)
+        sync()
+
+    t_copy = _fastest(copy, rounds)
+    a = torch.randn(matmul_n, matmul_n, device=device).to(dtype)
+    b = torch.randn(matmul_n, matmul_n, device=device).to(dtype)
+
+    def mm():
+        torch.mm(a, b)
+        sync()
+
+    t_mm = _fastest(mm, rounds)
+    return MachineLimits(bandwidth_gbs=2 * src.numel() / t_copy / 1e9,
+                         matmul_gflops=2 * matmul_n ** 3 / t_mm / 1e9, dtype=str(dtype).replace("torch.", ""))
+
+
+def target_profile(target) -> TargetProfile:
+    """The byte and FLOP counts of `target` (an HFTarget) that `forward_bound` needs."""
+    model, cfg = target.model, target.model.config
+    params = list(model.parameters())                     # parameters() yields a tied matrix once
+    weight_bytes = sum(p.numel() * p.element_size() for p in params)
+    embed = target._embed.weight
+    out = target._head.weight
+    tied = embed.data_ptr() == out.data_ptr()
+    # a token passes through every parameter except the embedding table (a lookup), but through the
+    # output matrix: with tied weights that is the same count; untied, drop the embedding table
+    flop_params = sum(p.numel() for p in params) - (0 if tied else embed.numel())
+    layers = int(cfg.num_hidden_layers)
+    heads = int(cfg.num_attention_heads)
+    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+    elt = embed.element_size()
+    return TargetProfile(weight_bytes=weight_bytes, kv_bytes_per_token=2 * layers * kv_heads * head_dim * elt,
+                         flops_per_token=2 * flop_params, attn_flops_per_ctx=4 * heads * head_dim * layers)
+
+
+def forward_bound(profile: TargetProfile, limits: MachineLimits, n: int, context: int) -> dict[str, float]:
+    """Roofline milliseconds of one forward of n new tokens after `context` cached ones:
+    {"memory_ms", "compute_ms", "bound_ms" (the larger)}."""
+    moved = profile.weight_bytes + profile.kv_bytes_per_token * (context + n)
+    flops = n * (profile.flops_per_token + profile.attn_flops_per_ctx * (context + n))
+    memory_ms = moved / (limits.bandwidth_gbs * 1e9) * 1e3
+    compute_ms = flops / (limits.matmul_gflops * 1e9) * 1e3
+    return {"memory_ms": memory_ms, "compute_ms": compute_ms, "bound_ms": max(memory_ms, compute_ms)}
