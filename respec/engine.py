@@ -18,7 +18,6 @@ timed by a `Stopwatch` (CUDA events on every device holding weights), never by a
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from typing import Iterator, Sequence
@@ -41,7 +40,7 @@ from respec.verify import (NodeStats, StepNumbers, Verdict, node_target_stats, r
 def _node_ranks_probs(numbers: StepNumbers) -> tuple[tuple[int, ...], tuple[float, ...]]:
     """For every node i > 0: the rank (1 = top-1) and probability of its token under the target's
     distribution after its parent. The root gets rank 0 and probability 1."""
-    ranks, probs = list(numbers.ranks), [math.exp(lp) for lp in numbers.logprobs]
+    ranks, probs = list(numbers.ranks), list(numbers.probs)
     ranks[0], probs[0] = 0, 1.0
     return tuple(int(r) for r in ranks), tuple(float(p) for p in probs)
 
@@ -51,7 +50,7 @@ def _rows(hidden: torch.Tensor | None, kept: int, index: torch.Tensor | None) ->
     `index` (the path, on a device)."""
     if hidden is None:
         return None
-    return hidden[:kept] if index is None else hidden[index.to(hidden.device)]
+    return hidden[:kept].clone() if index is None else hidden[index.to(hidden.device)]   # never a view of an output
 
 
 @dataclass(frozen=True)

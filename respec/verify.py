@@ -88,6 +88,7 @@ class StepNumbers:
     ranks: list[int]
     gaps: list[float]
     logprobs: list[float]
+    probs: list[float]               # exp(logprobs), taken on the device as the trace always had them
 
 
 def read_numbers(logits: torch.Tensor, stats: NodeStats) -> StepNumbers:
@@ -96,10 +97,11 @@ def read_numbers(logits: torch.Tensor, stats: NodeStats) -> StepNumbers:
 
     top2 = torch.topk(logits, min(2, logits.shape[-1]), dim=-1)                  # [n + 1, 2]
     margins = top2.values[:, 0] - top2.values[:, -1] if logits.shape[-1] > 1 else top2.values[:, 0] * 0
-    floats = torch.stack([entropy(logits), margins.float(), stats.gaps.float(), stats.logprobs.float()])
+    floats = torch.stack([entropy(logits), margins.float(), stats.gaps.float(), stats.logprobs.float(),
+                          stats.logprobs.exp().float()])                         # [5, n + 1]
     ints = torch.stack([logits.argmax(dim=-1), stats.ranks])                     # [2, n + 1]
     f, i = read(floats, ints, label="verify")
-    return StepNumbers(top1=i[0], entropies=f[0], margins=f[1], ranks=i[1], gaps=f[2], logprobs=f[3])
+    return StepNumbers(top1=i[0], entropies=f[0], margins=f[1], ranks=i[1], gaps=f[2], logprobs=f[3], probs=f[4])
 
 
 def verify_greedy(tree: DraftTree, logits: torch.Tensor, relax: RelaxConfig | None = None,

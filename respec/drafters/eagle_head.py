@@ -40,7 +40,7 @@ from respec.models.attention import additive_mask
 from respec.models.base import TargetModel
 from respec.models.compat import pass_cache_as
 from respec.models.kv import slab_cache
-from respec.transfer import to_device
+from respec.transfer import read, to_device
 
 _HEAD_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
               "rms_norm_eps", "rope_theta", "rope_parameters", "max_position_embeddings", "hidden_act",
@@ -156,7 +156,7 @@ class EagleHead(nn.Module):
             t0 = time.perf_counter()
             out = self(emb, emb, pos, cache, None)                                             # [1, H]
             top = torch.topk(torch.log_softmax(self.draft_logits(target, out).float(), dim=-1), 1)
-            top.indices.cpu()                       # read back, as a draft does (waits for a GPU)
+            read(top.indices, label="row ms")       # read back, as a draft does (waits for its GPUs)
             if i:                                   # the first call of a shape pays allocation
                 best = min(best, (time.perf_counter() - t0) * 1000)
             cache.crop(-1)
