@@ -81,7 +81,7 @@ def node_target_stats(tree: DraftTree, logits: torch.Tensor, tokens: torch.Tenso
 class StepNumbers:
     """What the host needs of one tree forward, read back at once (`read_numbers`): per row i of
     the logits, the target's top-1 and the entropy and top-1/top-2 margin of its distribution;
-    per node, its NodeStats."""
+    per node, its NodeStats (as many as the tree has nodes)."""
     top1: list[int]
     entropies: list[float]
     margins: list[float]
@@ -97,11 +97,10 @@ def read_numbers(logits: torch.Tensor, stats: NodeStats) -> StepNumbers:
 
     top2 = torch.topk(logits, min(2, logits.shape[-1]), dim=-1)                  # [n + 1, 2]
     margins = top2.values[:, 0] - top2.values[:, -1] if logits.shape[-1] > 1 else top2.values[:, 0] * 0
-    floats = torch.stack([entropy(logits), margins.float(), stats.gaps.float(), stats.logprobs.float(),
-                          stats.logprobs.exp().float()])                         # [5, n + 1]
-    ints = torch.stack([logits.argmax(dim=-1), stats.ranks])                     # [2, n + 1]
-    f, i = read(floats, ints, label="verify")
-    return StepNumbers(top1=i[0], entropies=f[0], margins=f[1], ranks=i[1], gaps=f[2], logprobs=f[3], probs=f[4])
+    rows = torch.stack([entropy(logits), margins.float()])                      # [2, rows]
+    nodes = torch.stack([stats.gaps.float(), stats.logprobs.float(), stats.logprobs.exp().float()])   # [3, n + 1]
+    r, n, top1, ranks = read(rows, nodes, logits.argmax(dim=-1), stats.ranks, label="verify")
+    return StepNumbers(top1=top1, entropies=r[0], margins=r[1], ranks=ranks, gaps=n[0], logprobs=n[1], probs=n[2])
 
 
 def verify_greedy(tree: DraftTree, logits: torch.Tensor, relax: RelaxConfig | None = None,

@@ -307,7 +307,8 @@ class Eagle2Drafter:
             return EagleDraft(tree)
         return self._plan(tree, cost, (time.perf_counter() - t0) * 1000)
 
-    def _expand_rule(self, cost: CostModel, cfg: TreeConfig, t0: float, timer: "_LayerTimer") -> ExpandRule:
+    def _expand_rule(self, cost: CostModel, cfg: TreeConfig, t0: float,
+                     timer: "_LayerTimer | None" = None) -> ExpandRule:
         """The cost model's depth cut: grow another layer only if it could raise the step's
         expected tokens per millisecond. The next layer's nodes are children of the frontier, so
         their calibrated probabilities add up to at most κ·Σ exp(frontier score) (every later
@@ -318,7 +319,8 @@ class Eagle2Drafter:
         curve, kappa = cost.curve(), self.kappa
 
         def expand(scores: Sequence[float], frontier: Sequence[float]) -> bool:
-            timer.flush()                         # the layers timed so far (read back: their events are done)
+            if timer is not None:
+                timer.flush()                     # the layers timed so far (read back: their events are done)
             layer_ms = cost.draft_ms(DEPTH_SOURCE)
             if layer_ms <= 0.0:
                 return True                       # no layer timed yet in this request
