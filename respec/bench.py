@@ -202,9 +202,12 @@ RESULTS_FILE = "results.jsonl"
 
 def _run_identity(runner, base: EngineConfig) -> dict[str, Any]:
     loaded = getattr(runner.target, "loaded", None)
-    return {"model": getattr(loaded, "name", getattr(runner.target, "name", "model")),
-            "dtype": str(runner.target.dtype), "device": str(runner.target.device),
-            "eagle_head": getattr(runner, "head_info", None), "config": base.to_dict()}
+    identity = {"model": getattr(loaded, "name", getattr(runner.target, "name", "model")),
+                "dtype": str(runner.target.dtype), "device": str(runner.target.device),
+                "eagle_head": getattr(runner, "head_info", None), "config": base.to_dict()}
+    if getattr(runner.target, "compiled", False):      # only when on, so earlier eager folders still resume
+        identity["compiled"] = True
+    return identity
 
 
 def _with_current_defaults(identity: Any) -> Any:

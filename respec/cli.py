@@ -61,7 +61,8 @@ def _runner(args):
     head = args.head or choice.head
     if head:
         resolve_head_dir(head)
-    return Runner(load_target(choice.model, device=args.device, dtype=args.dtype), head=head)
+    return Runner(load_target(choice.model, device=args.device, dtype=args.dtype,
+                              compile=getattr(args, "compile", "off")), head=head)
 
 
 def cmd_generate(args) -> int:
@@ -204,6 +205,9 @@ def _add_common(sp: argparse.ArgumentParser) -> None:
                     help='"default" | HF id | local dir | .gguf path, optionally =HEAD (a model-head pair)')
     sp.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     sp.add_argument("--dtype", default="auto", help="auto | bfloat16 | float16 | float32")
+    sp.add_argument("--compile", default="off", choices=["off", "on"],
+                    help="on: the target's forward through torch.compile (inductor), compiled and warmed up at "
+                         "load (about two minutes on two cores); off (default): eager")
     sp.add_argument("--head", default=None,
                     help="EAGLE-1/2 or EAGLE-3 head: a checkpoint directory or a Hugging Face Hub id (fetched where the "
                          "Hub is reachable)")

@@ -5,7 +5,7 @@ respec/models/roofline.py) and, per size, the roofline bound they imply (weights
 values read once / bandwidth, or FLOPs / throughput, whichever is larger) and the forward's distance
 from it (`--no-bound` skips this part).
 
-    .venv/bin/python scripts/verify_cost.py [--model default] [--context 768] [--dtype float32]
+    .venv/bin/python scripts/verify_cost.py [--model default] [--context 768] [--dtype float32] [--compile both]
 """
 from __future__ import annotations
 
@@ -25,17 +25,31 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=6)
     ap.add_argument("--dtype", default="auto", help="auto | bfloat16 | float16 | float32")
     ap.add_argument("--no-bound", action="store_true", help="skip the bandwidth/throughput measurement")
+    ap.add_argument("--compile", default="off", choices=["off", "on", "both"],
+                    help="time the eager forward (off), the compiled one (on), or both in this run, "
+                         "eager first, with the compiled/eager ratio per size")
     args = ap.parse_args()
     target = load_target(args.model, dtype=args.dtype)
-    curve = target.verify_cost_curve(max_size=64, context=args.context, reps=args.reps)
+    curves = {}
+    if args.compile in ("off", "both"):
+        curves["eager"] = target.verify_cost_curve(max_size=64, context=args.context, reps=args.reps)
+    if args.compile in ("on", "both"):
+        seconds = target.enable_compile()
+        print(f"compiled and warmed up in {seconds:.0f} s")
+        curves["compiled"] = target.verify_cost_curve(max_size=64, context=args.context, reps=args.reps)
     print(f"{target.name} on {target.device} ({str(target.dtype).replace('torch.', '')}), "
           f"context {args.context} tokens; fastest of {args.reps} interleaved rounds")
-    print("| tree tokens | " + " | ".join(str(n) for n in curve) + " |")
-    print("|---|" + "---|" * len(curve))
-    print("| ms | " + " | ".join(f"{v:.1f}" for v in curve.values()) + " |")
-    print("| x one token | " + " | ".join(f"{v / curve[1]:.2f}" for v in curve.values()) + " |")
+    for label, curve in curves.items():
+        print(f"\n{label} forward")
+        print("| tree tokens | " + " | ".join(str(n) for n in curve) + " |")
+        print("|---|" + "---|" * len(curve))
+        print("| ms | " + " | ".join(f"{v:.1f}" for v in curve.values()) + " |")
+        print("| x one token | " + " | ".join(f"{v / curve[1]:.2f}" for v in curve.values()) + " |")
+    if len(curves) == 2:
+        eager, comp = curves["eager"], curves["compiled"]
+        print("| eager / compiled | " + " | ".join(f"{eager[n] / comp[n]:.2f}" for n in comp) + " |")
     if not args.no_bound:
-        print_bound(target, curve, args.context)
+        print_bound(target, curves.get("compiled") or curves["eager"], args.context)
 
 
 def print_bound(target, curve: dict[int, float], context: int) -> None:

@@ -66,6 +66,7 @@ class HFTarget:
         self.feature_layers: tuple[int, ...] | None = None    # use_features: None = final-norm features
         self._captured: dict[int, torch.Tensor] = {}          # layer id -> its input in the last forward
         self._hooks: list = []
+        self._compiled = None                                 # compiled base forward (enable_compile), else eager
 
     # ------------------------------------------------------------------ properties
     @property
@@ -146,9 +147,25 @@ class HFTarget:
         return self.batch_features(out)[0]
 
     def _forward(self, **kwargs):
-        """The base model over the engine's cache, passed under the installed version's keyword."""
+        """The base model over the engine's cache, passed under the installed version's keyword
+        (compiled once `enable_compile` ran: every method's forwards, vanilla's included)."""
         self._captured.clear()
-        return self._base(**{self._cache_kw: self.cache}, use_cache=True, **kwargs)
+        forward = self._compiled or self._base
+        return forward(**{self._cache_kw: self.cache}, use_cache=True, **kwargs)
+
+    @property
+    def compiled(self) -> bool:
+        return self._compiled is not None
+
+    def enable_compile(self, progress: bool = True) -> float:
+        """Compile the base forward and pay its compiles now (respec/models/compiled.py); returns
+        the warm-up's seconds. Measured verify-cost curves are dropped (they timed the eager forward)."""
+        from respec.models.compiled import compile_base, warm_up
+
+        if self._compiled is None:
+            self._compiled = compile_base(self._base)
+            self._cost_curves.clear()
+        return warm_up(self, progress=progress)
 
     @torch.inference_mode()
     def prefill(self, tokens: Sequence[int]) -> TargetOutput:

@@ -1,0 +1,86 @@
+"""The compiled target forward (`--compile on`, respec/models/compiled.py) on a tiny Llama in
+float32: the same logits as the eager forward for 1-, 7- and 33-token trees over growing contexts,
+no recompilation after the warm-up across mixed tree sizes, greedy methods equal to vanilla, and
+`off` leaving the eager path."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from respec.models.compiled import check_compile_choice, compile_count
+from respec.tree import DraftTree
+from tests.conftest import OracleDrafter, make_target, run
+
+PROMPT = [5, 17, 9, 33, 12, 8, 21, 40, 7, 3, 19, 26]
+
+
+def random_tree(rng: random.Random, n: int, vocab: int) -> DraftTree:
+    """n nodes (root included), each node's parent a random earlier node."""
+    parents = [-1] + [rng.randrange(i) for i in range(1, n)]
+    return DraftTree.from_parents([rng.randrange(3, vocab) for _ in range(n)], parents, "eagle")
+
+
+def kept_path(tree: DraftTree, rng: random.Random) -> list[int]:
+    """A root-to-node path of `tree` (ascending indices), as verification would keep."""
+    node = rng.randrange(tree.size)
+    path = []
+    while node != -1:
+        path.append(node)
+        node = tree.parents[node]
+    return path[::-1]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    eager = make_target("llama", dtype=torch.float32)
+    compiled = make_target("llama", dtype=torch.float32)      # same seed: the same weights
+    compiled.enable_compile(progress=False)
+    return eager, compiled
+
+
+def test_compiled_logits_equal_eager_for_trees_over_growing_contexts(pair):
+    eager, compiled = pair
+    assert compiled.compiled and not eager.compiled
+    rng = random.Random(0)
+    a, b = eager.prefill(PROMPT), compiled.prefill(PROMPT)
+    torch.testing.assert_close(b.logits, a.logits, rtol=1e-4, atol=1e-4)
+    for n in (1, 7, 33, 1, 7, 33, 7):
+        tree = random_tree(rng, n, eager.vocab_size)
+        a, b = eager.forward_tree(tree), compiled.forward_tree(tree)
+        torch.testing.assert_close(b.logits, a.logits, rtol=1e-4, atol=1e-4)        # [n, V]
+        torch.testing.assert_close(b.hidden, a.hidden, rtol=1e-4, atol=1e-4)        # [n, H]
+        path = kept_path(tree, rng)
+        eager.keep(path)
+        compiled.keep(path)
+        assert eager.kv_len == compiled.kv_len
+
+
+def test_no_recompilation_after_warm_up_across_mixed_tree_sizes(pair):
+    _, compiled = pair
+    rng = random.Random(1)
+    compiled.prefill(PROMPT[:9])
+    before = compile_count()
+    for step in range(20):
+        tree = random_tree(rng, [1, 2, 5, 9, 16, 33, 3, 12][step % 8], compiled.vocab_size)
+        compiled.forward_tree(tree)
+        compiled.keep(kept_path(tree, rng))
+    assert compile_count() == before
+
+
+@pytest.mark.parametrize("mode", ["same", "partial", "random"])
+def test_greedy_drafting_on_the_compiled_forward_equals_vanilla(pair, mode):
+    eager, compiled = pair
+    ref = run(eager, "vanilla", PROMPT, max_new_tokens=40)
+    drafter = OracleDrafter(ref.tokens, len(PROMPT), mode, compiled.vocab_size, seed=3)
+    out = run(compiled, "eagle2", PROMPT, drafter=drafter, max_new_tokens=40)
+    assert out.tokens == ref.tokens
+    assert run(compiled, "vanilla", PROMPT, max_new_tokens=40).tokens == ref.tokens
+
+
+def test_compile_off_is_the_eager_path_and_bad_choices_fail_in_one_line():
+    assert check_compile_choice("OFF") == "off" and check_compile_choice("on") == "on"
+    with pytest.raises(ValueError, match="--compile must be one of off, on"):
+        check_compile_choice("fast")
+    assert not make_target("qwen2", dtype=torch.float32).compiled
