@@ -5,9 +5,10 @@ the final norm and whose output layer is `get_output_embeddings()` (Llama, Qwen2
 Tree verification passes an additive 4D float mask of shape (1, 1, n, kv_len + n) and explicit
 position ids kv_len + depth; chains and single tokens use the model's own causal mask (identical
 logits, fewer allocations). The KV cache is transformers' own DynamicCache with its full-attention
-layers stored in growing slabs (respec/models/kv.py: no whole-cache copy per forward); on the CPU,
-masked tree forwards use grouped-query SDPA and one-token forwards pack the query per KV head
-(respec/models/attention.py). Compaction after a non-prefix path gathers the kept rows of every
+layers stored in growing slabs (respec/models/kv.py: no whole-cache copy per forward); on every
+device, masked tree forwards and one-token forwards fold the query heads of each KV head into its rows
+(respec/models/attention.py). A tree goes to the device in one upload (tokens, depths, parents, ancestor
+mask; respec/transfer.py), and forward_tree hands the uploaded tokens and parents on. Compaction after a non-prefix path gathers the kept rows of every
 layer along the sequence axis, then crops
 (`DynamicCache.crop` takes a NEGATIVE count in transformers 5; see shared/models/README.md §3.2).
 No modeling file is forked or patched.
