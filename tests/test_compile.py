@@ -84,3 +84,20 @@ def test_compile_off_is_the_eager_path_and_bad_choices_fail_in_one_line():
     with pytest.raises(ValueError, match="--compile must be one of off, on"):
         check_compile_choice("fast")
     assert not make_target("qwen2", dtype=torch.float32).compiled
+
+
+def test_reserve_grows_the_slabs_before_a_forward_so_none_grows_inside_it():
+    from respec.models.kv import INITIAL_CAPACITY, reserve, slab_cache
+
+    target = make_target("llama", dtype=torch.float32)
+    target.prefill(PROMPT)
+    layer = target.cache.layers[0]
+    before = layer._k.shape[2]
+    assert before == INITIAL_CAPACITY
+    reserve(target.cache, INITIAL_CAPACITY)              # more rows than are left
+    assert layer._k.shape[2] >= len(PROMPT) + INITIAL_CAPACITY and layer.keys.shape[2] == len(PROMPT)
+    grown = layer._k.shape[2]
+    tree = random_tree(random.Random(2), 33, target.vocab_size)
+    target.forward_tree(tree)
+    assert layer._k.shape[2] == grown                    # the forward itself grew nothing
+    reserve(slab_cache(target.model.config), 10)         # uninitialised layers: nothing to grow

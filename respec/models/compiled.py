@@ -8,8 +8,9 @@ Contract:
   dimensions symbolic, and from then on one-token steps, trees of any size, prefills and growing
   contexts reuse the graphs (tests/test_compile.py counts the compiles). The same compiled forward
   serves vanilla and every speculative method (HFTarget._forward), so speedups stay comparable.
-- `warm_up(target)` pays those compiles at load: prefills of two lengths and one-token and tree
-  forwards, in a throwaway cache (the engine's cache is untouched), with a progress line.
+- `warm_up(target)` pays those compiles at load: prefills of three lengths (the last one past the
+  slab cache's first capacity, whose growth changes the buffers' shape) and one-token and tree
+  forwards after each, in a throwaway cache (the engine's cache is untouched), with a progress line.
 - What compiles is transformers' own forward, unmodified; attention still goes through the
   attention interface (respec/models/attention.py). Compiled and eager forwards may round
   differently in bf16 (greedy outputs stay equal to compiled vanilla under the engine's tie rule);
@@ -81,14 +82,17 @@ def warm_up(target, progress: bool = True) -> float:
     HFTarget with compiling on) in a throwaway cache; returns the seconds it took."""
     from tqdm.auto import tqdm
 
-    from respec.models.kv import slab_cache
+    from respec.models.kv import INITIAL_CAPACITY, slab_cache
     from respec.tree import DraftTree
 
     t0 = time.perf_counter()
     saved, saved_pending = target.cache, target._pending
     vocab = min(target.vocab_size, 1000)
+    # a prefill longer than the slab cache's first capacity grows its buffers, so the capacity
+    # dimension turns symbolic here, not in the middle of a long prompt's first request
+    long = min(INITIAL_CAPACITY + 16, max(48, target.context_length // 2))
     plan = [("prefill", 24), ("prefill", 40), ("tree", 1), ("tree", 1), ("tree", 1), ("tree", 3), ("tree", 5),
-            ("tree", 2)]
+            ("tree", 2), ("prefill", long), ("tree", 1), ("tree", 4)]
     try:
         target.cache, target._pending = slab_cache(target.model.config), 0
         bar = tqdm(plan, desc=f"compiling {target.name}'s forward (once per process)", disable=not progress,

@@ -31,7 +31,7 @@ from transformers import DynamicCache
 from respec.models.base import TargetOutput
 from respec.models.compat import cache_kwarg, check_placement, check_transformers, cuda_devices
 from respec.models.attention import additive_mask, use_tree_attention
-from respec.models.kv import slab_cache
+from respec.models.kv import reserve, slab_cache
 from respec.transfer import barrier, upload, upload_parts
 from respec.tree import DraftTree
 
@@ -147,11 +147,16 @@ class HFTarget:
         """`batch_features` of a one-sequence forward: [n, F]."""
         return self.batch_features(out)[0]
 
-    def _forward(self, **kwargs):
-        """The base model over the engine's cache, passed under the installed version's keyword
-        (compiled once `enable_compile` ran: every method's forwards, vanilla's included)."""
+    def _forward(self, *, compiled: bool = False, **kwargs):
+        """The base model over the engine's cache, passed under the installed version's keyword.
+        `compiled`: through the compiled forward once `enable_compile` ran (every method's steps,
+        vanilla's included; prefills stay eager), with the cache's slabs grown beforehand so that
+        no growth happens inside the graph."""
         self._captured.clear()
-        forward = self._compiled or self._base
+        forward = self._base
+        if compiled and self._compiled is not None:
+            reserve(self.cache, int(kwargs["input_ids"].shape[1]))
+            forward = self._compiled
         return forward(**{self._cache_kw: self.cache}, use_cache=True, **kwargs)
 
     @property
@@ -197,7 +202,7 @@ class HFTarget:
         if not is_chain:
             blocked = got[3].view(n, n) == 0                                               # [n, n]
             mask = additive_mask(blocked, past, self.dtype)                                # [1,1,n,past+n]
-        out = self._forward(input_ids=ids[None], attention_mask=mask, position_ids=(past + depths)[None],
+        out = self._forward(compiled=True, input_ids=ids[None], attention_mask=mask, position_ids=(past + depths)[None],
                             **self._tree_kwargs)
         self._pending = n
         hidden = out.last_hidden_state[0]                                            # [n, H]

@@ -80,3 +80,12 @@ def slab_cache(config) -> DynamicCache:
     cache = DynamicCache(config=config)
     cache.layers = [SlabLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
     return cache
+
+
+def reserve(cache: DynamicCache, rows: int) -> None:
+    """Grow every initialised SlabLayer of `cache` so that `rows` more fit without growing inside
+    the next forward (a compiled forward would otherwise meet a new branch and recompile there)."""
+    for layer in cache.layers:
+        if isinstance(layer, SlabLayer) and layer.is_initialized and layer._len + rows > layer._k.shape[2]:
+            layer._grow(layer._len + rows)
+            layer._views()
