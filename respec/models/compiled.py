@@ -1,23 +1,25 @@
 """A compiled target forward (`--compile on`): the base model's forward through `torch.compile`.
 
 Contract:
-- `compile_base(base)` returns `torch.compile(base.forward)` with inductor and, on the CPU,
+- `compile_base(base)` returns the base model's forward compiled with inductor and, on the CPU,
   `freezing` (weights become constants of the graph, so bf16 linears run on prepacked oneDNN
-  weights). Shapes are left to dynamo's automatic dynamic shapes: the first forward compiles for
-  its sizes, the first forward whose tree size or context length differs recompiles with those
-  dimensions symbolic, and from then on one-token steps, trees of any size, prefills and growing
-  contexts reuse the graphs (tests/test_compile.py counts the compiles). The same compiled forward
-  serves vanilla and every speculative method (HFTarget._forward), so speedups stay comparable.
-- `warm_up(target)` pays those compiles at load: prefills of three lengths (the last one past the
-  slab cache's first capacity, whose growth changes the buffers' shape) and one-token and tree
-  forwards after each, in a throwaway cache (the engine's cache is untouched), with a progress line.
+  weights), as two wrappers: one-token steps and multi-token forwards (trees). Shapes are left to
+  dynamo's automatic dynamic shapes: a wrapper's first forward compiles for its sizes, the first
+  whose tree size, context length or cache capacity differs recompiles with those dimensions
+  symbolic, and from then on steps of any size over growing contexts reuse the graphs
+  (tests/test_compile.py counts the compiles). Prefills stay eager (HFTarget._forward). The same
+  compiled forward serves vanilla and every speculative method, so speedups stay comparable.
+- `warm_up(target)` pays those compiles at load: one-token and tree forwards after a short
+  prefill, then again after a prefill past the slab cache's first capacity (whose growth changes
+  the buffers' shape), in a scratch cache (`HFTarget.scratch_cache`), with a progress line.
 - What compiles is transformers' own forward, unmodified; attention still goes through the
   attention interface (respec/models/attention.py). Compiled and eager forwards may round
   differently in bf16 (greedy outputs stay equal to compiled vanilla under the engine's tie rule);
   in float32 they agree to float rounding.
-Measured on the default model (2-core AMD EPYC, bf16, context 256, `scripts/verify_cost.py`):
-one-token forward 14.5 ms compiled against 21.8 ms eager, 16 tokens 23.1 against 30.6; the first
-compiles took about two minutes on two cores. Nothing is compiled at import.
+Measured on the default model (2-core AMD EPYC, bf16, `scripts/verify_cost.py --context 256
+--reps 5 --compile both`): one-token forward 15.8 ms compiled against 24.9 ms eager, 16 tokens 21.2
+against 35.5 (BENCHMARKS.md); the warm-up's compiles took three to five minutes on two cores. Nothing
+is compiled at import.
 """
 from __future__ import annotations
 
@@ -53,16 +55,14 @@ def compile_base(base: torch.nn.Module) -> Callable:
         # one-token forward stayed at the unfrozen speed); a process that compiles wants it anyway
         import torch._inductor.config as inductor_config
         inductor_config.freezing = True
-    options = None
-
     def one_token(**kwargs):
         return base(**kwargs)
 
     def several(**kwargs):
         return base(**kwargs)
 
-    one = torch.compile(one_token, backend="inductor", options=options)
-    many = torch.compile(several, backend="inductor", options=options)
+    one = torch.compile(one_token, backend="inductor")
+    many = torch.compile(several, backend="inductor")
 
     def forward(**kwargs):
         return (one if kwargs["input_ids"].shape[1] == 1 else many)(**kwargs)
@@ -71,7 +71,7 @@ def compile_base(base: torch.nn.Module) -> Callable:
 
 
 def compile_count() -> int:
-    """Frames dynamo has compiled so far in this process (for tests and the warm-up line)."""
+    """Frames dynamo has compiled so far in this process (tests count recompiles with it)."""
     from torch._dynamo.utils import counters
     return int(counters["frames"]["ok"])
 
@@ -82,19 +82,17 @@ def warm_up(target, progress: bool = True) -> float:
     HFTarget with compiling on) in a throwaway cache; returns the seconds it took."""
     from tqdm.auto import tqdm
 
-    from respec.models.kv import INITIAL_CAPACITY, slab_cache
+    from respec.models.kv import INITIAL_CAPACITY
     from respec.tree import DraftTree
 
     t0 = time.perf_counter()
-    saved, saved_pending = target.cache, target._pending
     vocab = min(target.vocab_size, 1000)
     # a prefill longer than the slab cache's first capacity grows its buffers, so the capacity
     # dimension turns symbolic here, not in the middle of a long prompt's first request
     long = min(INITIAL_CAPACITY + 16, max(48, target.context_length // 2))
-    plan = [("prefill", 24), ("prefill", 40), ("tree", 1), ("tree", 1), ("tree", 1), ("tree", 3), ("tree", 5),
-            ("tree", 2), ("prefill", long), ("tree", 1), ("tree", 4)]
-    try:
-        target.cache, target._pending = slab_cache(target.model.config), 0
+    plan = [("prefill", 24), ("tree", 1), ("tree", 1), ("tree", 1), ("tree", 3), ("tree", 5), ("tree", 2),
+            ("prefill", long), ("tree", 1), ("tree", 4)]
+    with target.scratch_cache():
         bar = tqdm(plan, desc=f"compiling {target.name}'s forward (once per process)", disable=not progress,
                    unit="shape")
         for kind, n in bar:
@@ -104,6 +102,4 @@ def warm_up(target, progress: bool = True) -> float:
                 tree = DraftTree.chain(1, [2 + i for i in range(n - 1)], "eagle")
                 target.forward_tree(tree, need_hidden=False)
                 target.keep([0])
-    finally:
-        target.cache, target._pending = saved, saved_pending
     return time.perf_counter() - t0

@@ -22,8 +22,9 @@ verify-cost curve synchronises every CUDA device holding weights.
 """
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import torch
 from transformers import DynamicCache
@@ -226,10 +227,8 @@ class HFTarget:
         missing = [n for n in sizes if n not in curve]
         if not missing:
             return {n: curve[n] for n in sizes}
-        saved, saved_pending = self.cache, self._pending
-        try:
+        with self.scratch_cache():
             vocab = min(self.vocab_size, 1000)
-            self.cache, self._pending = slab_cache(self.model.config), 0
             ids = torch.arange(context, device=self.device)[None] % vocab
             self._forward(input_ids=ids)
             trees = {n: DraftTree.chain(1, [2 + (i % 50) for i in range(n - 1)], "eagle")
@@ -252,9 +251,17 @@ class HFTarget:
                 for n, tree in trees.items():
                     best[n] = min(best[n], timed(tree))
             curve.update(best)
+        return {n: curve[n] for n in sizes if n in curve}
+
+    @contextlib.contextmanager
+    def scratch_cache(self) -> Iterator[None]:
+        """Forwards inside run on a fresh cache; the engine's cache (and its pending tree) come back after."""
+        saved, saved_pending = self.cache, self._pending
+        self.cache, self._pending = slab_cache(self.model.config), 0
+        try:
+            yield
         finally:
             self.cache, self._pending = saved, saved_pending
-        return {n: curve[n] for n in sizes if n in curve}
 
     def measured_curve(self, context: int = 256) -> dict[int, float]:
         """What `verify_cost_curve` has measured so far at `context` cached tokens ({} if nothing)."""

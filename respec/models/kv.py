@@ -50,13 +50,18 @@ class SlabLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         n = key_states.shape[2]
-        if self._len + n > self._k.shape[2]:
-            self._grow(self._len + n)
+        self.reserve(n)
         self._k[:, :, self._len:self._len + n] = key_states
         self._v[:, :, self._len:self._len + n] = value_states
         self._len += n
         self._views()
         return self.keys, self.values
+
+    def reserve(self, rows: int) -> None:
+        """Make room for `rows` more rows (the buffer doubles until they fit); the views stay."""
+        if self._len + rows > self._k.shape[2]:
+            self._grow(self._len + rows)
+            self._views()
 
     def get_seq_length(self) -> int:
         return self._len if self.is_initialized else 0
@@ -86,6 +91,5 @@ def reserve(cache: DynamicCache, rows: int) -> None:
     """Grow every initialised SlabLayer of `cache` so that `rows` more fit without growing inside
     the next forward (a compiled forward would otherwise meet a new branch and recompile there)."""
     for layer in cache.layers:
-        if isinstance(layer, SlabLayer) and layer.is_initialized and layer._len + rows > layer._k.shape[2]:
-            layer._grow(layer._len + rows)
-            layer._views()
+        if isinstance(layer, SlabLayer) and layer.is_initialized:
+            layer.reserve(rows)
