@@ -6,7 +6,9 @@ categories, counts, methods or grid, the deployment's budget of question x metho
 every RespecError becomes a status message), then runs `respec.bench.run_bench` or
 `respec.sweep.run_sweep` in a worker thread and streams each finished record into the table and
 the chart. Closing the generator (Stop, a closed tab, the time limit) tells the worker to stop
-after the record it is on. The questions come from an uploaded Spec-Bench JSONL or from the dev
+after the record it is on; so does `should_stop()` turning true (the Lab's Stop flag, which reaches a
+ZeroGPU worker where closing the main process's generator may not), and the stream then ends with a
+stopped status. The questions come from an uploaded Spec-Bench JSONL or from the dev
 split at RESPEC_QUESTIONS / ../shared/spec_bench/question_dev.jsonl (never copied into the project).
 """
 from __future__ import annotations
@@ -18,9 +20,11 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from respec.errors import ConfigError, RespecError
+
+LAB_STOPPED = "■ Lab stopped."
 
 #: Work units a Lab run may take: questions x methods (or grid points + vanilla) x max new tokens.
 DEFAULT_BUDGET = 12_000
@@ -105,8 +109,10 @@ def plan(req: LabRequest, caps, budget: int | None = None) -> LabPlan:
     return LabPlan(questions, what, runs, units)
 
 
-def lab_stream(hub, caps, req: LabRequest, session_dir: str | None = None) -> Iterator[dict[str, Any]]:
-    """Run a Lab request, yielding {"status", "table", "plot", "download"} updates."""
+def lab_stream(hub, caps, req: LabRequest, session_dir: str | None = None,
+               should_stop: Callable[[], bool] = lambda: False) -> Iterator[dict[str, Any]]:
+    """Run a Lab request, yielding {"status", "table", "plot", "download"} updates; `should_stop`
+    (polled between records) ends it early."""
     import pandas as pd
 
     from app.settings import build_config
@@ -149,6 +155,9 @@ def lab_stream(hub, caps, req: LabRequest, session_dir: str | None = None) -> It
     worker.start()
     try:
         while worker.is_alive() or not records.empty():
+            if should_stop():
+                stop.set()
+                break
             try:
                 done.append(records.get(timeout=0.5))
             except queue.Empty:
@@ -162,6 +171,9 @@ def lab_stream(hub, caps, req: LabRequest, session_dir: str | None = None) -> It
     finally:
         stop.set()                                   # a closed generator (Stop / tab closed) ends the worker
         worker.join()                                # after the record it is on (it holds the model)
+    if should_stop():
+        yield {"status": f"{LAB_STOPPED} ({len(done)}/{total} runs)"}
+        return
     if failure:
         exc = failure[0]
         msg = str(exc) if isinstance(exc, RespecError) else f"{type(exc).__name__}: {exc}"

@@ -10,7 +10,9 @@ alone and replay needs no model.
 Stop crosses processes: on a ZeroGPU Space a run decodes in `spaces`' GPU worker on a pickled copy
 of the state, while Stop runs in the main process. `stop_requested` is therefore a flag file named by
 the session's random `token` (in the temp folder both processes share) as well as a field: setting
-it writes or removes the file, reading it checks both. Nothing is written at import.
+it writes or removes the file, reading it checks both. The Lab has a Stop flag of its own
+(`lab_stop_requested`, named by `lab_token`), renewed by `begin_lab`, so stopping a Lab run never
+stops the tab's Compare run or the reverse. Nothing is written at import.
 """
 from __future__ import annotations
 
@@ -66,6 +68,7 @@ class SessionState:
     history: History = field(default_factory=History)   # this tab's Compare runs (app/history.py); clear() keeps it
     token: str = field(default_factory=lambda: uuid.uuid4().hex)   # names this tab's Stop flag file
     stopped: bool = False            # Stop was pressed in this process (see stop_requested)
+    lab_token: str = field(default_factory=lambda: uuid.uuid4().hex)   # names this tab's Lab Stop flag file
 
     @property
     def stop_requested(self) -> bool:
@@ -82,6 +85,25 @@ class SessionState:
             flag.touch()
         else:
             flag.unlink(missing_ok=True)
+
+    @property
+    def lab_stop_requested(self) -> bool:
+        """The Lab's Stop was pressed during the current Lab run (its flag file: any process)."""
+        return _stop_flag("lab-" + self.lab_token).exists()
+
+    @lab_stop_requested.setter
+    def lab_stop_requested(self, value: bool) -> None:
+        flag = _stop_flag("lab-" + self.lab_token)
+        if value:
+            flag.parent.mkdir(parents=True, exist_ok=True)
+            flag.touch()
+        else:
+            flag.unlink(missing_ok=True)
+
+    def begin_lab(self) -> None:
+        """Run Lab was pressed: a fresh, clear Lab Stop flag."""
+        self.lab_stop_requested = False
+        self.lab_token = uuid.uuid4().hex
 
     def begin_run(self) -> None:
         """Run was pressed: running, with a fresh Stop flag of its own (copies of a page's default

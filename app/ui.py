@@ -35,7 +35,7 @@ import gradio as gr
 from app import api, handlers, layout, tuning, views
 from app.gpu import ZERO_GPU, gpu
 from app.hub import ModelHub
-from app.lab import lab_request, lab_stream
+from app.lab import LAB_STOPPED, lab_request, lab_stream
 from app.layout import Page
 from app.settings import COLUMN_A_KEY, SPECS, Caps, env_int, non_default, preset_values
 from app.state import SessionState
@@ -89,7 +89,8 @@ def _bind(fn: Callable, comps: dict[str, Any]) -> Callable:
 
 def _delete_session(state: SessionState) -> None:
     if isinstance(state, SessionState):
-        state.stop_requested = False             # its Stop flag file, if any
+        state.stop_requested = False             # its Stop flag files, if any
+        state.lab_stop_requested = False
         if state.trace_dir:
             shutil.rmtree(state.trace_dir, ignore_errors=True)
 
@@ -122,7 +123,7 @@ def build_demo(hub: ModelHub | None = None, caps: Caps | None = None) -> gr.Bloc
         _wire_compare(page, state, hub, caps, device, gpu_s)
         _wire_explorer(page, state)
         _wire_traces(demo, page, state, hub)
-        _wire_lab(page, hub, caps, gpu_s)
+        _wire_lab(page, state, hub, caps, gpu_s)
         _register_api(hub, caps, gpu_s)
 
     demo.queue(default_concurrency_limit=1, max_size=caps.queue_size)
@@ -230,17 +231,20 @@ def _wire_traces(demo: gr.Blocks, page: Page, state, hub: ModelHub) -> None:
 
 
 # ------------------------------------------------------------------------------- Lab events
-def _wire_lab(page: Page, hub: ModelHub, caps: Caps, gpu_s: int) -> None:
-    """Run Lab (in the shared "gpu" group, streamed), Stop, and the methods / grid switch."""
+def _wire_lab(page: Page, state: gr.State, hub: ModelHub, caps: Caps, gpu_s: int) -> None:
+    """Run Lab (a quick claim of a fresh Lab Stop flag, then the run in the shared "gpu" group,
+    streamed), Stop (cancels the event and raises the flag the worker polls), the methods / grid switch."""
     lab, auto = page.lab, page.inputs["auto"]
     run_lab = _bind(lab_runner(hub, caps, gpu_s), lab)      # names -> components here, in the main process
     lab_inputs = [lab["mode"], lab["categories"], lab["per_category"], lab["max_new_tokens"], lab["methods"],
-                  lab["grid_method"], lab["grid"], lab["upload"], auto, *[page.controls[k] for k in SPEC_KEYS]]
+                  lab["grid_method"], lab["grid"], lab["upload"], auto, *[page.controls[k] for k in SPEC_KEYS],
+                  state]
     lab_outputs = [lab["status"], lab["table"], lab["plot"], lab["download"]]
-    lab_ev = lab["run"].click(run_lab, lab_inputs, lab_outputs, api_visibility="private", concurrency_id="gpu",
-                              concurrency_limit=1, time_limit=caps.time_limit_s, show_progress="minimal")
-    lab["stop"].click(lambda: "■ Lab stopped.", None, [lab["status"]], cancels=[lab_ev], queue=False,
-                      api_visibility="private")
+    lab_ev = lab["run"].click(_claim_lab, [state], [lab["status"]], api_visibility="private", queue=False,
+                              show_progress="hidden").success(
+        run_lab, lab_inputs, lab_outputs, api_visibility="private", concurrency_id="gpu", concurrency_limit=1,
+        time_limit=caps.time_limit_s, show_progress="minimal")
+    lab["stop"].click(_stop_lab, [state], [lab["status"]], cancels=[lab_ev], queue=False, api_visibility="private")
     lab["mode"].change(lambda m: (gr.update(visible=not str(m).startswith("2-D")),
                                   gr.update(visible=str(m).startswith("2-D"))),
                        [lab["mode"]], [lab["methods_box"], lab["grid_box"]], queue=False, api_visibility="private")
@@ -251,10 +255,12 @@ def lab_runner(hub: ModelHub, caps: Caps, gpu_s: int) -> Callable:
     download). `spaces` pickles every yield across its worker boundary, so it yields names and
     plain values, never components (a component drags its whole Blocks along)."""
     @gpu(duration=gpu_s)
-    def run_lab(mode, cats, per_cat, max_new, methods, grid_method, grid, upload, auto_on, *vals):
+    def run_lab(mode, cats, per_cat, max_new, methods, grid_method, grid, upload, auto_on, *rest):
+        *vals, state = rest
         req = lab_request(mode, cats, per_cat, max_new, methods, grid_method, grid, upload,
                           _values_of(auto_on, *vals))
-        for update in lab_stream(hub, caps, req):
+        stopped = (lambda: state.lab_stop_requested) if isinstance(state, SessionState) else (lambda: False)
+        for update in lab_stream(hub, caps, req, should_stop=stopped):
             yield {k: (gr.update(value=v, visible=v is not None) if k == "download" else v)
                    for k, v in update.items()}
     return run_lab
@@ -322,6 +328,20 @@ def _claim(state: SessionState) -> str:
                            print_exception=False)
         state.begin_run()
     return "▶ queued…"
+
+
+def _claim_lab(state: SessionState) -> str:
+    """Run Lab was pressed: a fresh Lab Stop flag for this run (in the main process)."""
+    if isinstance(state, SessionState):
+        state.begin_lab()
+    return "▶ Lab queued…"
+
+
+def _stop_lab(state: SessionState) -> str:
+    """The Lab's Stop: raise the flag the run polls (in whichever process it decodes)."""
+    if isinstance(state, SessionState):
+        state.lab_stop_requested = True
+    return LAB_STOPPED
 
 
 def _stop(state: SessionState) -> str:

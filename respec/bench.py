@@ -151,6 +151,8 @@ def hf_generate(runner, prompt_ids: Sequence[int], method: str, max_new_tokens: 
     is measured the same way as ours (tokens committed per forward after the prefill)."""
     import torch
 
+    from respec.transfer import barrier
+
     model, target = runner.target.model, runner.target
     eos = sorted(target.eos_token_ids)
     pad = target.pad_token_id
@@ -164,8 +166,7 @@ def hf_generate(runner, prompt_ids: Sequence[int], method: str, max_new_tokens: 
             out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
                                  do_sample=False, temperature=None, top_p=None, top_k=None,
                                  eos_token_id=eos or None, pad_token_id=pad, **kwargs)
-        if target.device.type == "cuda":
-            torch.cuda.synchronize()
+        barrier(target.weight_devices, "hf-generate")    # every GPU holding weights, not only the first
         wall = time.perf_counter() - t0
     finally:
         hook.remove()

@@ -274,3 +274,20 @@ def test_summary_carries_acceptance_by_depth_and_the_speedup_factors():
     legacy = summarize(pd.DataFrame([van, old])).set_index(["category", "method"]).loc[("qa", "sam")]
     assert legacy.tokens_per_forward != legacy.tokens_per_forward, "records without the fields: NaN"
     assert "accept_at_depth_1" in summary_table_markdown(summarize(pd.DataFrame([van, sam])))
+
+
+def test_a_peers_wall_time_waits_on_every_gpu_holding_weights(monkeypatch):
+    """hf-greedy / hf-pld time `model.generate` up to a barrier on every device of
+    `target.weight_devices` (issue 30 §8: a model split over two GPUs finishes on the second)."""
+    import torch
+
+    from respec.bench import hf_generate
+
+    runner = tiny_runner("qwen2", seed=4)
+    two = (torch.device("cuda", 0), torch.device("cuda", 1))
+    monkeypatch.setattr(type(runner.target), "weight_devices", property(lambda self: two))
+    waited = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda dev=None: waited.append(dev))
+    ids = runner.encode([{"role": "user", "content": "w1 w2 w3"}])
+    new, wall, forwards = hf_generate(runner, ids, "hf-greedy", 4)
+    assert waited == list(two) and len(new) >= 1 and wall > 0 and forwards >= 1

@@ -423,3 +423,21 @@ def test_publish_writes_each_better_head_in_bf16_and_a_resumed_run_keeps_the_bes
     other = dataclasses.replace(again, val_fraction=0.3)
     train_eagle(target, store.examples(), tmp_path / "c", other, progress=False, log=msgs.append, publish=pub)
     assert json.loads((pub / PUBLISHED).read_text())["val_fingerprint"] != info["val_fingerprint"]
+
+
+def test_publishing_under_training_time_test_ranks_heads_by_their_top1_chain(tmp_path):
+    """With --ttt-depth > 1 the published head is the best by chain score (top-1 at depth 1, plus
+    depth 1 x depth 2, ...), so a head a little worse at depth 1 but better deeper wins; a score
+    recorded at another depth or on another validation set is not compared against."""
+    from respec.train.publish import PUBLISHED, chain_score, published_score
+    shallow = {"val_top1": 0.62, "val_top1_depth2": 0.40, "val_top1_depth3": 0.30}
+    deep = {"val_top1": 0.60, "val_top1_depth2": 0.55, "val_top1_depth3": 0.50}
+    assert chain_score(shallow, 1) == pytest.approx(0.62)
+    assert chain_score(deep, 3) == pytest.approx(0.60 + 0.60 * 0.55 + 0.60 * 0.55 * 0.50)
+    assert chain_score(deep, 3) > chain_score(shallow, 3) and chain_score(deep, 1) < chain_score(shallow, 1)
+    (tmp_path / PUBLISHED).write_text(json.dumps({**shallow, "val_fingerprint": "f" * 16, "score_depth": 3}))
+    assert published_score(tmp_path, "f" * 16, 3) == pytest.approx(chain_score(shallow, 3))
+    assert published_score(tmp_path, "f" * 16, 1) == -1.0      # measured at another depth
+    assert published_score(tmp_path, "g" * 16, 3) == -1.0      # on other examples
+    (tmp_path / PUBLISHED).write_text(json.dumps({"val_top1": 0.5, "val_fingerprint": "f" * 16}))
+    assert published_score(tmp_path, "f" * 16, 1) == pytest.approx(0.5)   # older records: depth 1

@@ -2,7 +2,7 @@
 (tests/zerogpu_standin.py) that runs each in a forked worker and pickles its arguments and every
 yield, as `spaces` does. The Lab's yields cross that boundary (names, not components); a /compare
 run made in the worker shows in /history; the page's run hands its history back through the state;
-Stop pressed in the main process ends the run in the worker."""
+Stop pressed in the main process ends the run in the worker, the Compare run's and the Lab's."""
 from __future__ import annotations
 
 import json
@@ -54,7 +54,7 @@ def test_the_lab_streams_across_the_worker_boundary(demo, tmp_path):
     qfile.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": ["w5 w6 w7 w8 w5 w6 w7"]}) + "\n")
     run_lab = _fn(demo, "run_lab")
     updates = list(run_lab("methods", ["qa"], 1, 8, ["vanilla", "sam"], "respec", "", str(qfile), False,
-                           *_settings()))
+                           *_settings(), SessionState()))
     values = {getattr(c, "elem_id", None): v for u in updates for c, v in u.items()}
     assert updates and "lab-status" in values, values.keys()
     assert not str(values["lab-status"]).startswith("⚠"), values["lab-status"]
@@ -96,3 +96,30 @@ def test_the_page_run_hands_its_history_back_and_stop_reaches_the_worker(demo):
     assert STOPPED in statuses, statuses
     assert not any(s.startswith("✔") for s in statuses), "the stopped run must not finish"
     assert len(after.history.rows) == 1, "a stopped run adds no row"
+
+
+def test_the_labs_stop_reaches_the_worker_even_when_its_stream_is_not_closed(demo, tmp_path):
+    """Stop in the main process raises the Lab's flag; the run in the worker polls it and ends with
+    a stopped status after the record it is on, though the main side keeps reading (as a `spaces`
+    that does not pass the cancel on would). The Compare run's Stop flag is untouched."""
+    qfile = tmp_path / "q.jsonl"
+    rows = [{"question_id": i, "category": "qa", "turns": [f"w{i} w5 w6 w7 w8 w5 w6 w7"]} for i in range(6)]
+    qfile.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    state = SessionState()
+    assert ui._claim_lab(state).startswith("▶")
+    gen = _fn(demo, "run_lab")("methods", ["qa"], 6, 8, ["vanilla", "sam", "respec"], "respec", "", str(qfile),
+                               False, *_settings(), state)
+    statuses = []
+    for update in gen:
+        status = {getattr(c, "elem_id", None): v for c, v in update.items()}.get("lab-status")
+        if status:
+            statuses.append(status)
+        if len(statuses) == 2:
+            assert ui._stop_lab(state).startswith("■")         # the main process's copy, as the button does
+    assert statuses[-1].startswith(ui.LAB_STOPPED), statuses[-3:]
+    done, total = (int(x) for x in statuses[-1].split("(")[1].split(" ")[0].split("/"))
+    assert total == 18 and done < total, statuses[-1]
+    assert not any(s.startswith("✔") for s in statuses)
+    assert not state.stop_requested
+    ui._claim_lab(state)                                         # the next Lab run starts clear
+    assert not state.lab_stop_requested

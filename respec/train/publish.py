@@ -3,8 +3,11 @@
 Contract: `publish_head(head, dir, info)` writes the head in bfloat16 in the published layout
 (`save_eagle_head`: EAGLE-1/2 or EAGLE-3) and `training.json` (`PUBLISHED`: `info` plus the time),
 so the directory (e.g. the shipped head's in the repository) always holds the best head of the run
-with its figures. `published_top1(dir, fingerprint)` reads back the validation top-1 recorded there
-when it was measured on the same validation examples (`val_fingerprint`), so a run resumed on
+with its figures. "Best" is `chain_score`: the validation top-1 with teacher forcing, plus, under
+training-time test, the expected further tokens of a top-1 chain (top-1 at depth 1 x depth 2 ...),
+so a run that trades a little depth-1 accuracy for deeper drafts can still publish.
+`published_score(dir, fingerprint, depth)` reads back the score recorded there when it was measured
+on the same validation examples (`val_fingerprint`) at the same depth, so a run resumed on
 another machine (`train-eagle --init-from DIR --publish DIR`) replaces the head only by a better
 one. `data_summary` says which self-distilled responses a run saw (a key fingerprint that a test
 checks against the committed store). Committing the directory is the caller's business; training
@@ -37,16 +40,32 @@ def val_fingerprint(val: Sequence[Example], max_len: int) -> str:
     return h.hexdigest()[:16]
 
 
-def published_top1(publish: Path, fingerprint: str) -> float:
-    """The validation top-1 of the head already published in `publish` on the same validation set
-    (`fingerprint`), or -1 when there is none or it was measured on other examples."""
+def chain_score(val: dict, depth: int) -> float:
+    """Σ_d Π_{j≤d} top1_j over depths 1..depth of a validation record (`val_top1`,
+    `val_top1_depth2`, ...): the expected accepted length of a top-1 chain when depths were
+    independent; with depth 1, the validation top-1 itself."""
+    score, chain = 0.0, 1.0
+    for d in range(1, depth + 1):
+        chain *= float(val["val_top1" if d == 1 else f"val_top1_depth{d}"])
+        score += chain
+    return score
+
+
+def published_score(publish: Path, fingerprint: str, depth: int = 1) -> float:
+    """The `chain_score` of the head already published in `publish`, measured on the same validation
+    set (`fingerprint`) at the same depth, or -1 when there is none or it is not comparable."""
     try:
         rec = json.loads((publish / PUBLISHED).read_text())
     except (OSError, ValueError):
         return -1.0
     if rec.get("val_fingerprint") != fingerprint or not isinstance(rec.get("val_top1"), (int, float)):
         return -1.0
-    return float(rec["val_top1"])
+    if int(rec.get("score_depth", 1)) != depth:
+        return -1.0
+    try:
+        return chain_score(rec, depth)
+    except (KeyError, TypeError, ValueError):
+        return -1.0
 
 
 def responses_fingerprint(keys: Iterable[str]) -> str:

@@ -56,7 +56,8 @@ from respec.errors import ConfigError, RespecError
 from respec.train.data import Example, is_validation, target_slug
 from respec.train.features import FeatureCache, collate, frequent_next_tokens, target_features
 from respec.train.head import head_forward, head_unroll, initial_head, make_head, train_dtype, ttt_mask
-from respec.train.publish import PUBLISHED, data_summary, publish_head, published_top1, val_fingerprint
+from respec.train.publish import (PUBLISHED, chain_score, data_summary, publish_head, published_score,
+                                   val_fingerprint)
 
 __all__ = ["CHECKPOINT", "LOG", "FeatureCache", "TrainConfig", "batch_loss", "check_out_dir", "collate", "evaluate",
            "frequent_next_tokens", "head_forward", "head_unroll", "lr_at", "make_head", "split", "target_features",
@@ -297,7 +298,7 @@ class _Run:
     t0: float = 0.0                         # perf_counter at the start of training (log's elapsed_s)
     publish: Path | None = None             # where a head that beats the best validation top-1 is written
     data: dict = field(default_factory=dict)  # what the run trains on, for training.json (data_summary)
-    best_top1: float = -1.0                 # the best validation top-1 published so far (same val set)
+    best_score: float = -1.0                # the best validation chain_score published so far (same val set)
 
 
 def _usable_split(examples: Sequence[Example], cfg: TrainConfig) -> tuple[list[Example], list[Example]]:
@@ -382,7 +383,7 @@ def _record(run: _Run, event: str) -> dict:
     with open(run.out / LOG, "a", encoding="utf-8") as fh:
         fh.write(json.dumps(rec) + "\n")
     run.sums = _zero_sums()
-    if run.publish is not None and v and run.step > 0 and v["top1"] > run.best_top1:
+    if run.publish is not None and v and run.step > 0 and chain_score(rec, cfg.ttt_depth) > run.best_score:
         _publish(run, rec)
     run.log(f"[{event}] step {run.step} epoch {run.epoch}: "
             + (f"train loss {rec['train_loss']:.4f} top1 {rec['train_top1']:.3f}" if c else "untrained")
@@ -396,9 +397,10 @@ def _publish(run: _Run, rec: dict) -> None:
     publish_head(run.head, run.publish, {
         "step": run.step, "epoch": run.epoch, "val_fingerprint": val_fingerprint(run.val, run.cfg.max_len),
         "val_examples": len(run.val), **{k: rec[k] for k in rec if k.startswith("val_")},
-        "init_from": run.cfg.init_from, "data": run.data})
-    run.best_top1 = rec["val_top1"]
-    run.log(f"published the head to {run.publish} (val top-1 {rec['val_top1']:.4f} at step {run.step})")
+        "score_depth": run.cfg.ttt_depth, "init_from": run.cfg.init_from, "data": run.data})
+    run.best_score = chain_score(rec, run.cfg.ttt_depth)
+    run.log(f"published the head to {run.publish} (val top-1 {rec['val_top1']:.4f}, chain score "
+            f"{run.best_score:.4f} at step {run.step})")
 
 
 def _train_step(run: _Run, batch: list[Example]) -> dict:
@@ -472,7 +474,7 @@ def train_eagle(target, examples: Sequence[Example], out_dir: str | Path, cfg: T
     run = _start_run(target, cfg, state, data, slug, out, log, progress)
     if publish is not None:
         run.publish, run.data = Path(publish), data_summary(examples)
-        run.best_top1 = published_top1(run.publish, val_fingerprint(run.val, cfg.max_len))
+        run.best_score = published_score(run.publish, val_fingerprint(run.val, cfg.max_len), cfg.ttt_depth)
     _write_train_config(run)
     run.t0 = time.perf_counter()
     last = _record(run, "init") if state is None else {}
