@@ -209,7 +209,21 @@ def _default_factory(spec: str):
     from respec.runner import Runner
     choice = ModelChoice.parse(spec)
     # Runner.engine measures tree.auto's cost curve outside run timing
-    return Runner(load_target(choice.model), head=choice.head)
+    return Runner(load_target(choice.model, compile=compile_setting()), head=choice.head)
+
+
+def compile_setting() -> str:
+    """RESPEC_COMPILE: "on" compiles each loaded model's forward (respec/models/compiled.py; minutes
+    of compiling at its first load), "off" (the default, and for a malformed value, with a warning)
+    keeps the eager forward."""
+    from respec.models.compiled import check_compile_choice
+
+    def parse(raw: str) -> str:
+        try:
+            return check_compile_choice(raw)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    return _from_env("RESPEC_COMPILE", parse, "off")
 
 
 def choice_label(spec: str) -> str:

@@ -388,3 +388,18 @@ def test_zerogpu_preload_computes_the_per_worker_caches_in_the_main_process(llam
     assert "no_relax_ids" in vars(runner), "computed once here, inherited by every GPU-call worker"
     assert hub.choices == ["tiny"], "on ZeroGPU only the start-up model is offered (others reload per call)"
     assert hub.per_call_workers
+
+
+@pytest.mark.parametrize("env,want", [(None, "off"), ("on", "on"), ("OFF", "off"), ("fast", "off")])
+def test_the_app_compiles_its_models_when_respec_compile_is_on(monkeypatch, llama, env, want):
+    """RESPEC_COMPILE=on reaches load_target(compile="on"); unset or malformed (with a warning) is off."""
+    import respec.models
+    from app import hub
+    seen = []
+    monkeypatch.setattr(respec.models, "load_target", lambda spec, **kw: seen.append(kw) or llama)
+    if env is None:
+        monkeypatch.delenv("RESPEC_COMPILE", raising=False)
+    else:
+        monkeypatch.setenv("RESPEC_COMPILE", env)
+    hub._default_factory("tiny")
+    assert seen == [{"compile": want}]

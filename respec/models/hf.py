@@ -69,6 +69,7 @@ class HFTarget:
         self._captured: dict[int, torch.Tensor] = {}          # layer id -> its input in the last forward
         self._hooks: list = []
         self._compiled = None                                 # compiled base forward (enable_compile), else eager
+        self._compiled_logits = None                          # compiled output layer + cast (enable_compile)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -167,10 +168,11 @@ class HFTarget:
     def enable_compile(self, progress: bool = True) -> float:
         """Compile the base forward and pay its compiles now (respec/models/compiled.py); returns
         the warm-up's seconds. Measured verify-cost curves are dropped (they timed the eager forward)."""
-        from respec.models.compiled import compile_base, warm_up
+        from respec.models.compiled import compile_base, compile_logits, warm_up
 
         if self._compiled is None:
             self._compiled = compile_base(self._base)
+            self._compiled_logits = compile_logits(self)
             self._cost_curves.clear()
         return warm_up(self, progress=progress)
 
@@ -207,7 +209,7 @@ class HFTarget:
                             **self._tree_kwargs)
         self._pending = n
         hidden = out.last_hidden_state[0]                                            # [n, H]
-        logits = self.lm_head(hidden).float()                                        # [n, V]
+        logits = (self._compiled_logits or (lambda h: self.lm_head(h).float()))(hidden)   # [n, V] float32
         return TargetOutput(logits=logits, hidden=self._features(out) if need_hidden else None,   # [n, F]
                             tokens=ids.to(logits.device), parents=parents.to(logits.device))  # [n], [n]
 
