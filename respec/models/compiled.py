@@ -3,19 +3,21 @@
 Contract:
 - `compile_base(base)` returns the base model's forward compiled with inductor and, on the CPU,
   `freezing` (weights become constants of the graph, so bf16 linears run on prepacked oneDNN
-  weights), as two wrappers: one-token steps and multi-token forwards (trees). Shapes are left to
-  dynamo's automatic dynamic shapes: a wrapper's first forward compiles for its sizes, the first
-  whose tree size, context length or cache capacity differs recompiles with those dimensions
-  symbolic, and from then on steps of any size over growing contexts reuse the graphs
-  (tests/test_compile.py counts the compiles). Prefills stay eager (HFTarget._forward). The same
+  weights), as two wrappers: one-token steps and multi-token forwards (trees). Both are compiled
+  with dynamic shapes from the start (`dynamic=True`; a one-row dimension stays specialised), so
+  each graph compiles once for any tree size, context length and cache capacity. Left to dynamo's
+  automatic dynamic shapes, every new size recompiled the 30-layer graph once more, and a first
+  answer on the default model stalled three minutes in such recompiles (tests/test_compile.py
+  counts the compiles). Prefills stay eager (HFTarget._forward). The same
   compiled forward serves vanilla and every speculative method, so speedups stay comparable.
 - `compile_logits(target)` compiles the step's output layer the same way: hidden [n, H] -> float32
   logits [n, V] (the lm_head with its frozen, prepacked weight, the softcap, the cast), one wrapper
   for one row and one for several. On the default model it is 0.6 ms against 1.9 ms eager for one
   row (the 49k-row layer is a fifth of the model's weight bytes).
-- `warm_up(target)` pays those compiles at load: one-token and tree forwards after a short
-  prefill, then again after a prefill past the slab cache's first capacity (whose growth changes
-  the buffers' shape), in a scratch cache (`HFTarget.scratch_cache`), with a progress line.
+- `warm_up(target)` pays those compiles at load: one-token, chain and branching-tree forwards
+  (a tree mask is another graph than a chain's causal mask) after a short prefill, then again
+  after a prefill past the slab cache's first capacity (whose growth changes the buffers' shape),
+  in a scratch cache (`HFTarget.scratch_cache`), with a progress line.
 - What compiles is transformers' own forward, unmodified; attention still goes through the
   attention interface (respec/models/attention.py). Compiled and eager forwards may round
   differently in bf16 (greedy outputs stay equal to compiled vanilla under the engine's tie rule);
@@ -45,9 +47,9 @@ def check_compile_choice(value: str) -> str:
 
 def compile_base(base: torch.nn.Module) -> Callable:
     """The base model's forward compiled (see the module docstring). One-token steps and
-    multi-token forwards (trees, prefills) go through two separately compiled wrappers, so the
-    one-token graph keeps its single query row static (specialised kernels) while the other's
-    row count is symbolic."""
+    multi-token forwards (trees) go through two separately compiled wrappers, so the one-token
+    graph keeps its single query row static (specialised kernels) while the other's row count is
+    symbolic."""
     import torch._dynamo
 
     # a few graphs per wrapper are expected; a shape the guards do not generalise falls back to
@@ -65,8 +67,8 @@ def compile_base(base: torch.nn.Module) -> Callable:
     def several(**kwargs):
         return base(**kwargs)
 
-    one = torch.compile(one_token, backend="inductor")
-    many = torch.compile(several, backend="inductor")
+    one = torch.compile(one_token, backend="inductor", dynamic=True)
+    many = torch.compile(several, backend="inductor", dynamic=True)
 
     def forward(**kwargs):
         return (one if kwargs["input_ids"].shape[1] == 1 else many)(**kwargs)
@@ -83,8 +85,8 @@ def compile_logits(target) -> Callable:
     def rows(hidden):
         return target.lm_head(hidden).float()
 
-    one = torch.compile(one_row, backend="inductor")
-    many = torch.compile(rows, backend="inductor")
+    one = torch.compile(one_row, backend="inductor", dynamic=True)
+    many = torch.compile(rows, backend="inductor", dynamic=True)
 
     def logits(hidden: torch.Tensor) -> torch.Tensor:
         return (one if hidden.shape[0] == 1 else many)(hidden)
@@ -112,8 +114,10 @@ def warm_up(target, progress: bool = True) -> float:
     # a prefill longer than the slab cache's first capacity grows its buffers, so the capacity
     # dimension turns symbolic here, not in the middle of a long prompt's first request
     long = min(INITIAL_CAPACITY + 16, max(48, target.context_length // 2))
-    plan = [("prefill", 24), ("tree", 1), ("tree", 1), ("tree", 1), ("tree", 3), ("tree", 5), ("tree", 2),
-            ("prefill", long), ("tree", 1), ("tree", 4)]
+    # chains (the model's causal mask) and branching trees (an explicit tree mask) are separate
+    # graphs: both are compiled, at two sizes each, before and after the growth
+    plan = [("prefill", 24), ("chain", 1), ("chain", 1), ("chain", 1), ("chain", 3), ("chain", 5), ("chain", 2),
+            ("tree", 3), ("tree", 6), ("tree", 4), ("prefill", long), ("chain", 1), ("chain", 4), ("tree", 5)]
     with target.scratch_cache():
         bar = tqdm(plan, desc=f"compiling {target.name}'s forward (once per process)", disable=not progress,
                    unit="shape")
@@ -121,7 +125,9 @@ def warm_up(target, progress: bool = True) -> float:
             if kind == "prefill":
                 target.prefill([(7 * i) % vocab for i in range(n)])
             else:
-                tree = DraftTree.chain(1, [2 + i for i in range(n - 1)], "eagle")
+                tree = (DraftTree.chain(1, [2 + i for i in range(n - 1)], "eagle") if kind == "chain" else
+                        DraftTree.from_parents([1 + i for i in range(n)], [-1] + [(i - 1) // 2 for i in range(1, n)],
+                                               "eagle"))
                 target.forward_tree(tree, need_hidden=False)
                 target.keep([0])
     return time.perf_counter() - t0
