@@ -135,9 +135,12 @@ def cmd_sweep(args) -> int:
     grid = parse_grid(args.grid, base)
     quality = quality_metric(method, base)
     bound = args.max_nll_ratio if quality == "nll_ratio" else args.min_exact_match
-    print(f"{len(questions)} questions x {len(grid.points())} points of {method} (+ vanilla once); "
+    if args.repeats < 1:
+        raise ConfigError(f"--repeats must be >= 1, got {args.repeats}")
+    print(f"{len(questions)} questions x {len(grid.points())} points of {method} (+ vanilla) x {args.repeats} "
+          f"repeat(s), each question's runs back to back; "
           f"{_preset_label(args)}; quality = {quality}", file=sys.stderr)
-    rows = run_sweep(runner, questions, method, base, grid, args.out, fresh=args.fresh)
+    rows = run_sweep(runner, questions, method, base, grid, args.out, fresh=args.fresh, repeats=args.repeats)
     print(sweep_markdown(rows, grid, quality))
     best = best_point(rows, quality, bound)
     rel = "<=" if quality == "nll_ratio" else ">="
@@ -266,6 +269,9 @@ def _add_sweep(sub) -> None:
     w.add_argument("--max-nll-ratio", type=float, default=1.05, help="quality bound for relaxed methods")
     w.add_argument("--min-exact-match", type=float, default=1.0, help="quality bound for strict methods")
     _add_results(w)
+    w.add_argument("--repeats", type=int, default=1,
+                   help="run every question N times (vanilla and every point back to back per question and "
+                        "repeat); speedups are ratios of means over the repeats")
     _add_common(w)
     w.set_defaults(func=cmd_sweep)
 

@@ -2,8 +2,8 @@
 
 Contract: `parse_grid("theta_H=0.5,1,1.5;alpha=0.1,0.3")` -> a `Grid` (keys in the order given,
 aliases resolved, every point validated through EngineConfig; ConfigError for a bad grid).
-`run_sweep(runner, questions, method, base, grid, out_dir)` runs vanilla once per question, then the
-method at every grid point, appending records to `DIR/sweep_results.jsonl` as they complete
+`run_sweep(runner, questions, method, base, grid, out_dir, repeats=N)` runs, per repeat and
+question, vanilla and then the method at every grid point back to back, appending records to `DIR/sweep_results.jsonl` as they complete
 (rerunning into DIR skips finished ones, as `bench` does), and writes:
 - `DIR/sweep.csv`: one row per point: its settings, tokens/s, speedup over vanilla, mean accepted
   length, exact-match and lossless rates, ROUGE-L, NLL ratio, and `pareto` (not beaten on both
@@ -174,8 +174,12 @@ def heatmap_figure(rows: Sequence[dict], grid: Grid, quality: str, method: str):
 
 def run_sweep(runner, questions: list[Question], method: str, base: EngineConfig, grid: Grid, out_dir: str | Path,
               progress: bool = True, fresh: bool = False, on_record: Callable[[dict], None] | None = None,
-              should_stop: Callable[[], bool] | None = None, guard: Callable[[], Any] | None = None) -> list[dict]:
-    """Vanilla once per question, then `method` at every grid point; resumable; returns sweep rows.
+              should_stop: Callable[[], bool] | None = None, guard: Callable[[], Any] | None = None,
+              repeats: int = 1) -> list[dict]:
+    """Per repeat and question: vanilla, then `method` at every grid point, back to back (so a slow
+    drift of the machine moves a question's vanilla and its points together; each point is
+    compared to the vanilla run of its own question and repeat); resumable (a larger `repeats` adds
+    the missing ones); returns sweep rows, speedups as ratios of means over the repeats.
     `on_record` gets every new record; `should_stop()` True ends the run early; each record runs
     inside `guard()` (as in run_bench)."""
     import pandas as pd
@@ -183,40 +187,38 @@ def run_sweep(runner, questions: list[Question], method: str, base: EngineConfig
 
     if method == "vanilla":
         raise ConfigError("sweep a speculative method (vanilla is the reference it is compared to)")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ConfigError(f"repeats must be an integer >= 1, got {repeats!r}")
     out_dir = Path(out_dir)
     identity = {**_run_identity(runner, base), "method": method, "grid": [list(grid.keys), [list(v) for v in grid.values]]}
     done = [r for r in _resume_records(out_dir, identity, fresh, RESULTS_FILE) if "point" in r]
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_dir / RUN_FILE, json.dumps(identity, indent=1, default=str))
-    by_key = {(r["point"], r["question_id"]): r for r in done}
+    by_key = {(r["point"], r["question_id"], r.setdefault("repeat", 0)): r for r in done}
     tol = gap_tolerance(str(runner.target.dtype))
     quality = quality_metric(method, base)
-    nll = quality == "nll_ratio"
-    points = grid.points()
-    jobs = [("vanilla", None)] + [(point_id(p), p) for p in points]
-    total = len(jobs) * len(questions)
+    jobs = [("vanilla", None)] + [(point_id(p), p) for p in grid.points()]
+    order = [(k, q, pid, point) for k in range(repeats) for q in questions for pid, point in jobs]
     records: list[dict] = []
     atomic_write_text(out_dir / RESULTS_FILE, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in done))
     with (out_dir / RESULTS_FILE).open("a", encoding="utf-8") as fh, \
-            tqdm(total=total, initial=len(by_key), desc=f"sweep {method}", unit="run", disable=not progress,
-                 file=sys.stderr) as bar:
+            tqdm(total=len(order), initial=sum(1 for k, q, pid, _ in order if (pid, q.question_id, k) in by_key),
+                 desc=f"sweep {method}", unit="run", disable=not progress, file=sys.stderr) as bar:
         sink = RecordSink(fh, bar, on_record)
-        for pid, point in jobs:
-            cfg = base.with_overrides({"method": "vanilla"} if point is None else {**point, "method": method})
-            for q in questions:
-                rec = by_key.get((pid, q.question_id))
-                if rec is None:
-                    if should_stop is not None and should_stop():
-                        break
-                    bar.set_postfix_str(f"{pid} q{q.question_id}")
-                    with (guard or contextlib.nullcontext)():
-                        rec = run_question(runner, q, cfg, score_nll=nll, keep_margins=point is None)
-                    ref = rec if point is None else by_key[("vanilla", q.question_id)]
-                    rec = compare_to_vanilla(rec, ref, tol)
-                    rec["point"] = pid
-                    by_key[(pid, q.question_id)] = rec
-                    sink.add(rec)
-                records.append(rec)
+        for k, q, pid, point in order:
+            rec = by_key.get((pid, q.question_id, k))
+            if rec is None:
+                if should_stop is not None and should_stop():
+                    break
+                bar.set_postfix_str(f"q{q.question_id} {pid}" + (f" #{k + 1}" if repeats > 1 else ""))
+                cfg = base.with_overrides({"method": "vanilla"} if point is None else {**point, "method": method})
+                with (guard or contextlib.nullcontext)():
+                    rec = run_question(runner, q, cfg, score_nll=quality == "nll_ratio", keep_margins=point is None)
+                rec = compare_to_vanilla(rec, rec if point is None else by_key[("vanilla", q.question_id, k)], tol)
+                rec.update(point=pid, repeat=k)
+                by_key[(pid, q.question_id, k)] = rec
+                sink.add(rec)
+            records.append(rec)
     rows = sweep_rows(pd.DataFrame(records), grid, quality)
     atomic_write_text(out_dir / "sweep.csv", pd.DataFrame(rows).to_csv(index=False, float_format="%.4f"))
     fig = heatmap_figure(rows, grid, quality, method)

@@ -191,6 +191,32 @@ def test_a_2d_sweep_writes_table_and_heatmap_and_resumes(tmp_path, monkeypatch):
                   progress=False)
 
 
+def test_a_sweep_runs_each_questions_points_back_to_back_and_repeats(tmp_path, monkeypatch):
+    """Per repeat and question: vanilla, then every point (a drift of the machine moves them
+    together); every record is compared to the vanilla run of its own question and repeat; a larger
+    --repeats resumes, adding only the missing repeats."""
+    import respec.sweep as sweep
+    runner = tiny_runner("qwen2", seed=4)
+    base = EngineConfig().with_overrides({"max_new_tokens": 8, "tree.total_tokens": 8, "tree.depth": 3,
+                                          "tree.top_k": 3})
+    grid = parse_grid("tree.total_tokens=4,8", base)
+    rows = run_sweep(runner, QUESTIONS[:2], "eagle2", base, grid, tmp_path / "sw", progress=False, repeats=2)
+    recs = [json.loads(line) for line in (tmp_path / "sw" / "sweep_results.jsonl").read_text().splitlines()]
+    order = [(r["repeat"], r["question_id"], r["point"]) for r in recs]
+    qids = [q.question_id for q in QUESTIONS[:2]]
+    pids = ["vanilla"] + [sweep.point_id(p) for p in grid.points()]
+    assert order == [(k, q, p) for k in range(2) for q in qids for p in pids]
+    assert all(r["matches_vanilla"] for r in recs), "eagle2 is lossless against its own repeat's vanilla"
+    assert len(rows) == 2 and all(r["questions"] == 2 for r in rows)
+    calls = []
+    real = sweep.run_question
+    monkeypatch.setattr(sweep, "run_question", lambda *a, **k: calls.append(1) or real(*a, **k))
+    run_sweep(runner, QUESTIONS[:2], "eagle2", base, grid, tmp_path / "sw", progress=False, repeats=3)
+    assert len(calls) == 2 * 3, "only repeat 2: vanilla and two points for each of two questions"
+    with pytest.raises(ConfigError, match="repeats"):
+        run_sweep(runner, QUESTIONS[:2], "eagle2", base, grid, tmp_path / "sw2", progress=False, repeats=0)
+
+
 # ------------------------------------------------------------------------------- repeats
 def test_summary_spread_over_repeats_on_hand_made_records():
     records = []
