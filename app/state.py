@@ -79,12 +79,7 @@ class SessionState:
     @stop_requested.setter
     def stop_requested(self, value: bool) -> None:
         self.stopped = bool(value)
-        flag = _stop_flag(self.token)
-        if value:
-            flag.parent.mkdir(parents=True, exist_ok=True)
-            flag.touch()
-        else:
-            flag.unlink(missing_ok=True)
+        _set_flag(_stop_flag(self.token), value)
 
     @property
     def lab_stop_requested(self) -> bool:
@@ -93,12 +88,7 @@ class SessionState:
 
     @lab_stop_requested.setter
     def lab_stop_requested(self, value: bool) -> None:
-        flag = _stop_flag("lab-" + self.lab_token)
-        if value:
-            flag.parent.mkdir(parents=True, exist_ok=True)
-            flag.touch()
-        else:
-            flag.unlink(missing_ok=True)
+        _set_flag(_stop_flag("lab-" + self.lab_token), value)
 
     def begin_lab(self) -> None:
         """Run Lab was pressed: a fresh, clear Lab Stop flag."""
@@ -138,3 +128,12 @@ class SessionState:
 def _stop_flag(token: str) -> Path:
     """The Stop flag file of the session `token` (shared by the main process and the GPU worker)."""
     return Path(tempfile.gettempdir()) / "respec-stop" / token
+
+
+def _set_flag(flag: Path, value: bool) -> None:
+    """Write (True) or remove (False) a Stop flag file."""
+    if value:
+        flag.parent.mkdir(parents=True, exist_ok=True)
+        flag.touch()
+    else:
+        flag.unlink(missing_ok=True)
