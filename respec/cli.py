@@ -130,13 +130,13 @@ def cmd_sweep(args) -> int:
     # 1. everything checked first
     grid = parse_grid(args.grid, EngineConfig().with_overrides({**starting_settings("cpu", args.preset), **overrides}))
     questions = _questions(args)
+    if args.repeats < 1:
+        raise ConfigError(f"--repeats must be >= 1, got {args.repeats}")
     runner = _runner(args)
     base = _config(runner, args, overrides)
     grid = parse_grid(args.grid, base)
     quality = quality_metric(method, base)
     bound = args.max_nll_ratio if quality == "nll_ratio" else args.min_exact_match
-    if args.repeats < 1:
-        raise ConfigError(f"--repeats must be >= 1, got {args.repeats}")
     print(f"{len(questions)} questions x {len(grid.points())} points of {method} (+ vanilla) x {args.repeats} "
           f"repeat(s), each question's runs back to back; "
           f"{_preset_label(args)}; quality = {quality}", file=sys.stderr)

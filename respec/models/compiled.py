@@ -78,7 +78,8 @@ def compile_base(base: torch.nn.Module) -> Callable:
 
 def compile_logits(target) -> Callable:
     """hidden [n, H] -> float32 logits [n, V] of `target` (HFTarget.lm_head then .float()), compiled
-    (see the module docstring): one-row and several-row wrappers."""
+    (see the module docstring): one-row and several-row wrappers. The two bodies are the same on
+    purpose: dynamo keeps its compiled graphs per code object, so two defs keep two caches."""
     def one_row(hidden):
         return target.lm_head(hidden).float()
 

@@ -209,7 +209,8 @@ class HFTarget:
                             **self._tree_kwargs)
         self._pending = n
         hidden = out.last_hidden_state[0]                                            # [n, H]
-        logits = (self._compiled_logits or (lambda h: self.lm_head(h).float()))(hidden)   # [n, V] float32
+        logits = (self._compiled_logits(hidden) if self._compiled_logits is not None
+                  else self.lm_head(hidden).float())                                # [n, V] float32
         return TargetOutput(logits=logits, hidden=self._features(out) if need_hidden else None,   # [n, F]
                             tokens=ids.to(logits.device), parents=parents.to(logits.device))  # [n], [n]
 

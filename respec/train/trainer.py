@@ -296,7 +296,7 @@ class _Run:
     pos: int = 0
     sums: dict = field(default_factory=_zero_sums)
     t0: float = 0.0                         # perf_counter at the start of training (log's elapsed_s)
-    publish: Path | None = None             # where a head that beats the best validation top-1 is written
+    publish: Path | None = None             # where a head that beats the best chain score so far is written
     data: dict = field(default_factory=dict)  # what the run trains on, for training.json (data_summary)
     best_score: float = -1.0                # the best validation chain_score published so far (same val set)
 
