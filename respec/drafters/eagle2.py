@@ -136,6 +136,8 @@ class Eagle2Drafter:
         self._pending: list[torch.Tensor] = []   # each [m_i, H]: features of committed positions
         # timed layers: the head's GPUs and the target's (its lm_head drafts); empty on the CPU
         self._cuda = tuple(dict.fromkeys(cuda_devices(head) + cuda_devices(target.model)))
+        if getattr(target, "compiled", False):     # a compiled target drafts with a compiled head
+            head.enable_compile(target)
         self._reset_auto()
 
     def _reset_auto(self) -> None:

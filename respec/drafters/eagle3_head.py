@@ -93,7 +93,7 @@ class Eagle3Head(EagleHead):
     def _own_lm(self) -> LMHead:
         return LMHead(self.lm_head.weight, None, None)
 
-    def draft_logits(self, target: TargetModel, out: torch.Tensor) -> torch.Tensor:
+    def eager_draft_logits(self, target: TargetModel, out: torch.Tensor) -> torch.Tensor:
         """out [q, H] -> logits [q, Vd] over the draft vocabulary (index i is draft_vocab[i], or
         target id i without d2t), through the head's own norm and lm_head."""
         return self._own_lm()(self.norm(out))

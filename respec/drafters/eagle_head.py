@@ -116,10 +116,31 @@ class EagleHead(nn.Module):
         self.draft_vocab: torch.Tensor | None = None  # [Vd] target ids the head drafts (None = all)
         self._draft_lm: tuple[TargetModel, LMHead] | None = None    # the rows for draft_vocab, cached
         self._row_ms: tuple[TargetModel, float] | None = None         # row_ms's measurement, cached
+        self._compiled = None     # a CompiledHead (respec/drafters/head_compile.py) once enable_compile ran
+
+    def enable_compile(self, target: TargetModel, progress: bool = True) -> float:
+        """Compile this head's forward and draft output layer for `target` and pay the compiles now
+        (respec/drafters/head_compile.py); returns the warm-up's seconds (0 when already done). The
+        cached row_ms is dropped (it timed the eager head)."""
+        from respec.drafters.head_compile import CompiledHead
+        if self._compiled is not None and self._compiled.target is target and self._compiled.warmed:
+            return 0.0
+        self._compiled = CompiledHead.of(self, target)
+        self._row_ms = None
+        return self._compiled.warm_up(progress=progress)
+
+    def _compiled_for(self, target: TargetModel | None):
+        c = self._compiled
+        return c if c is not None and (target is None or c.target is target) else None
 
     def draft_logits(self, target: TargetModel, out: torch.Tensor) -> torch.Tensor:
         """Logits of predicted features out [q, H] over the draft vocabulary: [q, V] (all target
-        ids) or [q, Vd] (index i is target id draft_vocab[i]); the target's own lm_head rows."""
+        ids) or [q, Vd] (index i is target id draft_vocab[i]); compiled once `enable_compile` ran."""
+        compiled = self._compiled_for(target)
+        return compiled.draft_logits(out) if compiled is not None else self.eager_draft_logits(target, out)
+
+    def eager_draft_logits(self, target: TargetModel, out: torch.Tensor) -> torch.Tensor:
+        """draft_logits, eager: the target's own lm_head rows."""
         if self.draft_vocab is None:
             return target.lm_head(out)
         if self._draft_lm is None or self._draft_lm[0] is not target:
@@ -150,8 +171,9 @@ class EagleHead(nn.Module):
             return self._row_ms[1]
         dev = target.device
         emb = target.embed(torch.zeros(1, dtype=torch.long, device=dev))                  # [1, H]
-        pos = torch.zeros(1, dtype=torch.long, device=dev)
+        pos = torch.ones(1, dtype=torch.long, device=dev)
         best, cache = float("inf"), slab_cache(self.config)
+        self(emb, emb, pos - 1, cache, None)         # one cached row first: the calls below go as drafting's do
         for i in range(reps + 1):
             t0 = time.perf_counter()
             out = self(emb, emb, pos, cache, None)                                             # [1, H]
@@ -180,7 +202,15 @@ class EagleHead(nn.Module):
                 cache: DynamicCache, mask: torch.Tensor | None) -> torch.Tensor:
         """emb, feat: [q, H] (EAGLE-3: feat may be fused target features); positions: [q]; mask:
         [1, 1, q, kv_len + q] additive or None (causal). Appends q rows to `cache`; returns
-        predicted features f̂: [q, H]."""
+        predicted features f̂: [q, H]. Compiled once `enable_compile` ran (outside training)."""
+        compiled = self._compiled if not torch.is_grad_enabled() else None
+        if compiled is not None:
+            return compiled.forward(emb, feat, positions, cache, mask)
+        return self.eager_forward(emb, feat, positions, cache, mask)
+
+    def eager_forward(self, emb: torch.Tensor, feat: torch.Tensor, positions: torch.Tensor,
+                      cache: DynamicCache, mask: torch.Tensor | None) -> torch.Tensor:
+        """forward, eager (what compiles)."""
         x = self.layer_input(emb, feat)[None]                                       # [1, q, H]
         pos = positions[None]
         cos_sin = self.rotary(x, pos)

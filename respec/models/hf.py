@@ -70,6 +70,7 @@ class HFTarget:
         self._hooks: list = []
         self._compiled = None                                 # compiled base forward (enable_compile), else eager
         self._compiled_logits = None                          # compiled output layer + cast (enable_compile)
+        self._feature_graphs = False                          # compiled graphs returning layer inputs warmed up
 
     # ------------------------------------------------------------------ properties
     @property
@@ -136,6 +137,10 @@ class HFTarget:
             return hook
 
         self._hooks = [blocks[i].register_forward_pre_hook(capture(i), with_kwargs=True) for i in sorted(set(layers))]
+        if self._compiled is not None and not self._feature_graphs:   # the compiled steps now return layer
+            from respec.models.compiled import warm_up                   # inputs: other graphs, compiled once
+            warm_up(self)
+            self._feature_graphs = True
 
     def batch_features(self, out) -> torch.Tensor:
         """The last forward's `hidden` (see use_features) for its whole batch: [B, T, H] or
@@ -143,7 +148,8 @@ class HFTarget:
         last = out.last_hidden_state
         if self.feature_layers is None:
             return last
-        return torch.cat([self._captured[i].to(last.device) for i in self.feature_layers], dim=-1)
+        inputs = getattr(out, "hidden_states", None) or self._captured    # hidden_states[i]: layer i's input
+        return torch.cat([inputs[i].to(last.device) for i in self.feature_layers], dim=-1)
 
     def _features(self, out) -> torch.Tensor:
         """`batch_features` of a one-sequence forward: [n, F]."""
@@ -159,6 +165,8 @@ class HFTarget:
         if compiled and self._compiled is not None:
             reserve(self.cache, int(kwargs["input_ids"].shape[1]))
             forward = self._compiled
+            if self.feature_layers is not None:   # a compiled graph runs no hooks added after it: ask for outputs
+                kwargs["output_hidden_states"] = True
         return forward(**{self._cache_kw: self.cache}, use_cache=True, **kwargs)
 
     @property

@@ -1,0 +1,94 @@
+"""The compiled EAGLE head (respec/drafters/head_compile.py) on tiny models in float32: the same
+features and draft logits as the eager head (EAGLE-1/2 and EAGLE-3, Llama and Qwen2 style) for
+catch-ups and tree batches over a growing cache; no recompilation after the warm-up across 20
+drafting steps of a real Eagle2Drafter; greedy eagle2 on a compiled target and head equal to
+vanilla; an eager target leaves the head eager."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from respec.config import TreeConfig
+from respec.drafters.eagle2 import Eagle2Drafter
+from respec.drafters.eagle3_head import random_eagle3_head
+from respec.drafters.eagle_head import random_head
+from respec.models.attention import additive_mask
+from respec.models.compiled import compile_count
+from respec.models.kv import INITIAL_CAPACITY, slab_cache
+from tests.conftest import make_target, run
+
+PROMPT = [5, 17, 9, 33, 12, 8, 21, 40, 7, 3, 19, 26]
+FIXED_TREES = {"tree.auto": False, "tree.total_tokens": 8, "tree.depth": 3, "tree.top_k": 2}
+
+
+def _head(kind: str, target):
+    qkv = target.name.endswith("qwen2")
+    return random_eagle3_head(target, seed=3, qkv_bias=qkv) if kind == "eagle3" else random_head(target, seed=3, qkv_bias=qkv)
+
+
+@pytest.fixture(scope="module", params=[("llama", "eagle"), ("qwen2", "eagle3")])
+def compiled_pair(request):
+    arch, kind = request.param
+    target = make_target(arch, dtype=torch.float32)
+    target.enable_compile(progress=False)
+    eager_head, head = _head(kind, target), _head(kind, target)    # same seed: the same weights
+    seconds = head.enable_compile(target, progress=False)
+    return target, eager_head, head, seconds
+
+
+def test_compiled_head_equals_eager_for_catch_ups_and_trees_over_a_growing_cache(compiled_pair):
+    target, eager_head, head, _ = compiled_pair
+    assert head._compiled is not None and eager_head._compiled is None
+    width = head.fc.in_features // (1 if head.feature_layers is not None else 2)
+    g = torch.Generator().manual_seed(0)
+    caches = slab_cache(head.config), slab_cache(head.config)
+    # (rows, tree mask?): a first catch-up, one-row and tree steps, a feed past the first capacity
+    for q, masked in [(20, False), (1, False), (3, False), (4, True), (1, True), (INITIAL_CAPACITY, False),
+                      (2, False), (5, True)]:
+        kv = caches[0].get_seq_length()
+        with torch.inference_mode():      # as the drafter calls it
+            emb = target.embed(torch.randint(3, target.vocab_size, (q,), generator=g))      # [q, H]
+            feat = torch.randn(q, width, generator=g)                                        # [q, F]
+            mask = additive_mask(~torch.eye(q, dtype=torch.bool), kv, torch.float32) if masked else None
+            pos = torch.arange(kv, kv + q)
+            a = eager_head(emb, feat, pos, caches[0], mask)
+            b = head(emb, feat, pos, caches[1], mask)
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)                         # [q, H]
+            torch.testing.assert_close(head.draft_logits(target, b), eager_head.draft_logits(target, a),
+                                       rtol=1e-4, atol=1e-4)                               # [q, V]
+        assert caches[0].get_seq_length() == caches[1].get_seq_length() == kv + q
+
+
+def test_no_recompilation_after_the_warm_up_across_twenty_drafting_steps(compiled_pair):
+    target, _, head, _ = compiled_pair
+    # an EAGLE-3 head's first run compiles the target's feature-returning graphs (its warm-up)
+    run(target, "eagle2", PROMPT[:4], head=head, max_new_tokens=2)
+    before = compile_count()
+    steps = []
+    for shift in range(6):                     # prompts until 20 steps (a tiny model may stop early)
+        prompt = [(t + 7 * shift) % target.vocab_size for t in PROMPT]
+        steps += run(target, "eagle2", prompt, head=head, max_new_tokens=24, **FIXED_TREES).steps
+        if len(steps) >= 20:
+            break
+    assert len(steps) >= 20 and all(s.tree.size > 1 for s in steps)      # the head drafted a tree each step
+    assert compile_count() == before
+
+
+def test_greedy_eagle2_with_a_compiled_target_and_head_equals_vanilla(compiled_pair):
+    target, _, head, _ = compiled_pair
+    eager_target = make_target(target.name.removeprefix("tiny-"), dtype=torch.float32)
+    ref = run(eager_target, "vanilla", PROMPT, max_new_tokens=40)
+    for overrides in (FIXED_TREES, {}):
+        assert run(target, "eagle2", PROMPT, head=head, max_new_tokens=40, **overrides).tokens == ref.tokens
+        assert run(target, "sam", PROMPT, head=head, max_new_tokens=40, **overrides).tokens == ref.tokens
+
+
+def test_an_eager_target_leaves_the_head_eager_and_compiling_twice_is_free(compiled_pair):
+    target, _, head, seconds = compiled_pair
+    assert seconds > 0 and head.enable_compile(target, progress=False) == 0.0
+    eager_target = make_target("llama", dtype=torch.float32)
+    fresh = random_head(eager_target, seed=3)
+    Eagle2Drafter(eager_target, fresh, TreeConfig())
+    assert fresh._compiled is None
+    Eagle2Drafter(target, head, TreeConfig())         # already compiled: no new warm-up
+    assert head._compiled.target is target
