@@ -86,6 +86,10 @@ class Runner:
         else:
             self.head = random_head(target, seed=0)
             self.head_info = "random (untrained; lossless but accepts little)"
+        if getattr(target, "compiled", False):     # pay the head's compiles at load, not in a first request
+            self.head.enable_compile(target)
+            if self.head.feature_layers is not None:   # and the target's graphs that return layer inputs
+                target.use_features(self.head.feature_layers)
 
     def config(self, overrides: dict | None = None, **settings) -> EngineConfig:
         """EngineConfig for this target's device: device defaults (respec.config.device_defaults),

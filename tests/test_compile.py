@@ -72,6 +72,24 @@ def test_no_recompilation_after_warm_up_across_mixed_tree_sizes():
     assert compile_count() == before
 
 
+def test_no_recompilation_when_a_step_fills_the_cache_to_its_last_row():
+    """The slab's view covering its whole buffer (contiguous) is another case for the graphs'
+    guards: one-token steps and chains stepping across the first capacity compile nothing new."""
+    from respec.models.hf import HFTarget
+    from respec.models.kv import INITIAL_CAPACITY
+    from respec.models.tiny import tiny_llama
+
+    target = HFTarget(tiny_llama(seed=0, dtype=torch.float32), eos_token_ids=frozenset({2}),
+                      context_length=4 * INITIAL_CAPACITY, name="tiny-llama-long")
+    target.enable_compile(progress=False)
+    target.prefill([3 + i % 50 for i in range(INITIAL_CAPACITY - 6)])
+    before = compile_count()
+    for n in (1, 1, 1, 1, 1, 1, 3, 1, 2, 1):          # the slab reaches exactly its capacity on the way
+        target.forward_tree(DraftTree.chain(5, [6 + i for i in range(n - 1)], "eagle"))
+        target.keep(list(range(n)))
+    assert target.kv_len == INITIAL_CAPACITY + 7 and compile_count() == before
+
+
 @pytest.mark.parametrize("mode", ["same", "partial", "random"])
 def test_greedy_drafting_on_the_compiled_forward_equals_vanilla(pair, mode):
     eager, compiled = pair

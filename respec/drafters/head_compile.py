@@ -62,7 +62,7 @@ class CompiledHead:
         """EagleHead.forward's contract: emb, feat [q, *], positions [q], mask or None -> [q, H]."""
         if cache.get_seq_length() == 0:
             return self.head.eager_forward(emb, feat, positions, cache, mask)
-        reserve(cache, int(emb.shape[0]))
+        reserve(cache, int(emb.shape[0]) + 1)       # + 1: never a full slab (see HFTarget._forward)
         # contiguous inputs: a graph guards on strides, and the search passes expanded features
         return self.forward_fn(emb.contiguous(), feat.contiguous(), positions.contiguous(), cache,
                                None if mask is None else mask.contiguous())
