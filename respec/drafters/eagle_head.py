@@ -129,15 +129,13 @@ class EagleHead(nn.Module):
         self._row_ms = None
         return self._compiled.warm_up(progress=progress)
 
-    def _compiled_for(self, target: TargetModel | None):
-        c = self._compiled
-        return c if c is not None and (target is None or c.target is target) else None
-
     def draft_logits(self, target: TargetModel, out: torch.Tensor) -> torch.Tensor:
         """Logits of predicted features out [q, H] over the draft vocabulary: [q, V] (all target
         ids) or [q, Vd] (index i is target id draft_vocab[i]); compiled once `enable_compile` ran."""
-        compiled = self._compiled_for(target)
-        return compiled.draft_logits(out) if compiled is not None else self.eager_draft_logits(target, out)
+        compiled = self._compiled
+        if compiled is not None and compiled.target is target:
+            return compiled.draft_logits(out)
+        return self.eager_draft_logits(target, out)
 
     def eager_draft_logits(self, target: TargetModel, out: torch.Tensor) -> torch.Tensor:
         """draft_logits, eager: the target's own lm_head rows."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+
 import torch
 
 from respec.models.compiled import Trusted, compile_base_settings
@@ -49,6 +50,7 @@ class CompiledHead:
         compile_base_settings(head.fc.weight.device)
         head.eager_draft_logits(target, torch.zeros(1, head.config.hidden_size, dtype=head.fc.weight.dtype,
                                                     device=head.fc.weight.device))  # its draft rows cached, eagerly
+
         def logits(out: torch.Tensor) -> torch.Tensor:
             return head.eager_draft_logits(target, out)
 
@@ -62,7 +64,7 @@ class CompiledHead:
         """EagleHead.forward's contract: emb, feat [q, *], positions [q], mask or None -> [q, H]."""
         if cache.get_seq_length() == 0:
             return self.head.eager_forward(emb, feat, positions, cache, mask)
-        reserve(cache, int(emb.shape[0]) + 1)       # + 1: never a full slab (see HFTarget._forward)
+        reserve(cache, int(emb.shape[0]))
         # contiguous inputs: a graph guards on strides, and the search passes expanded features
         return self.forward_fn(emb.contiguous(), feat.contiguous(), positions.contiguous(), cache,
                                None if mask is None else mask.contiguous())

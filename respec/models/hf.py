@@ -163,10 +163,7 @@ class HFTarget:
         self._captured.clear()
         forward = self._base
         if compiled and self._compiled is not None:
-            # one row more than the forward writes: a slab filled to its last row makes the cache's
-            # view the whole (contiguous) buffer, which the graphs' stride guards tell apart (a
-            # recompile of half a minute in the middle of a request, at that one context length)
-            reserve(self.cache, int(kwargs["input_ids"].shape[1]) + 1)
+            reserve(self.cache, int(kwargs["input_ids"].shape[1]))
             forward = self._compiled
             if self.feature_layers is not None:   # a compiled graph runs no hooks added after it: ask for outputs
                 kwargs["output_hidden_states"] = True

@@ -89,7 +89,10 @@ def slab_cache(config) -> DynamicCache:
 
 def reserve(cache: DynamicCache, rows: int) -> None:
     """Grow every initialised SlabLayer of `cache` so that `rows` more fit without growing inside
-    the next forward (a compiled forward would otherwise meet a new branch and recompile there)."""
+    the next forward (a compiled forward would otherwise meet a new branch and recompile there),
+    with one row to spare: a slab filled to its last row makes the view the whole, contiguous
+    buffer, which compiled graphs' stride guards tell apart (a recompile of half a minute in the
+    middle of a request, at that one context length)."""
     for layer in cache.layers:
         if isinstance(layer, SlabLayer) and layer.is_initialized:
-            layer.reserve(rows)
+            layer.reserve(rows + 1)
