@@ -12,9 +12,10 @@ Where generation ends (a stop token, max_new_tokens, the context) is respec/toke
 `cut_generated`, the one rule the loop and `assemble` share.
 
 Host <-> device: every crossing goes through respec/transfer.py. A step uploads the tree once
-(forward_tree), reads its numbers back once (`read_numbers`: argmax, node stats, entropies and
-margins of every row) and uploads the kept path once when it is not a prefix; the verify forward is
-timed by a `Stopwatch` (CUDA events on every device holding weights), never by a barrier.
+(forward_tree), reads its numbers back once (argmax, node stats, entropies and margins of every
+row: `read_number_table` when the compiled output layer fused them, else `read_numbers`) and
+uploads the kept path once when it is not a prefix; the verify forward is timed by a `Stopwatch`
+(CUDA events on every device holding weights), never by a barrier.
 """
 from __future__ import annotations
 
@@ -33,8 +34,7 @@ from respec.sampling import entropy, probs_from_logits, sample
 from respec.tokens import cut_generated
 from respec.trace import GenerationResult, StepTrace
 from respec.transfer import Stopwatch, read, upload
-from respec.verify import (NodeStats, StepNumbers, Verdict, node_target_stats, read_numbers, verify_greedy,
-                           verify_sampling)
+from respec.verify import StepNumbers, Verdict, read_number_table, read_numbers, verify_greedy, verify_sampling
 
 
 def _node_ranks_probs(numbers: StepNumbers) -> tuple[tuple[int, ...], tuple[float, ...]]:
@@ -126,12 +126,11 @@ class Engine:
         self.drafter.reset(prompt, out.hidden if self.drafter.needs_hidden else None)
         return Prefill(root, first_entropy, first_margin, (time.perf_counter() - t0) * 1000)
 
-    def _verify(self, tree, logits: torch.Tensor, stats: NodeStats, numbers: StepNumbers,
-                gen: torch.Generator) -> Verdict:
+    def _verify(self, tree, logits: torch.Tensor, numbers: StepNumbers, gen: torch.Generator) -> Verdict:
         """Strict greedy (relaxed for retrieval nodes where the method relaxes), or lossless
         speculative sampling. logits: [n + 1, V]."""
         if self.config.greedy:
-            return verify_greedy(tree, logits, self.relax, self.no_relax_ids, stats, numbers)
+            return verify_greedy(tree, logits, self.relax, self.no_relax_ids, numbers=numbers)
         return verify_sampling(tree, probs_from_logits(logits, self.config.sampling), gen)
 
     def stream(self, prompt: Sequence[int]) -> Iterator[StepTrace]:
@@ -166,9 +165,9 @@ class Engine:
             watch.start()
             tout = self.target.forward_tree(tree, need_hidden=self.drafter.needs_hidden)
             watch.stop()
-            stats = node_target_stats(tree, tout.logits, tout.tokens, tout.parents)   # trace, relaxed rule
-            numbers = read_numbers(tout.logits, stats)
-            verdict = self._verify(tree, tout.logits, stats, numbers, gen)
+            numbers = (read_number_table(tout.numbers) if tout.numbers is not None      # compiled: fused
+                       else read_numbers(tree, tout.logits, tout.tokens, tout.parents))
+            verdict = self._verify(tree, tout.logits, numbers, gen)
             # 3.5 Keep only the accepted path in the KV cache; commit root + accepted tokens.
             path = list(verdict.path)
             prefix = path == list(range(len(path)))

@@ -1,6 +1,6 @@
 """Where a step's time goes. Part 1: median draft and verify ms per step (and MAT) of eagle2 with
 fixed trees of a few sizes and of vanilla, on chosen Spec-Bench questions. Part 2: the work on the
-logits after a tree forward of `--nodes` nodes (lm_head, fp32 copy, argmax, node_target_stats),
+logits after a tree forward of `--nodes` nodes (lm_head, fp32 copy, argmax, read_numbers),
 median ms of 20 calls each.
 
     .venv/bin/python scripts/step_costs.py [--questions FILE] [--ids 81,201] [--nodes 48]
@@ -31,7 +31,7 @@ def main() -> None:
     from respec.models import load_target
     from respec.runner import Runner
     from respec.tree import DraftTree
-    from respec.verify import node_target_stats
+    from respec.verify import read_numbers
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--questions", default="../shared/spec_bench/question_dev.jsonl")
@@ -62,7 +62,7 @@ def main() -> None:
         full = logits.float()                                                                 # [n, V]
         parts = {"lm_head": lambda: target.lm_head(hidden), "fp32 copy": logits.float,
                  "argmax": lambda: full.argmax(-1).tolist(),
-                 "node_target_stats": lambda: node_target_stats(tree, full)}
+                 "read_numbers": lambda: read_numbers(tree, full)}
         print(f"\nwork on the logits of a {n}-node tree, median ms of 20 calls:")
         for name, fn in parts.items():
             print(f"  {name}: {_median_ms(fn):.2f}")

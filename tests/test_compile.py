@@ -1,5 +1,6 @@
 """The compiled target forward (`--compile on`, respec/models/compiled.py) on a tiny Llama in
-float32: the same logits as the eager forward for 1-, 7- and 33-token trees over growing contexts,
+float32: the same logits (and verification numbers) as the eager forward for 1-, 7- and 33-token
+trees over growing contexts,
 no recompilation after the warm-up across mixed tree sizes, greedy methods equal to vanilla, and
 `off` leaving the eager path."""
 from __future__ import annotations
@@ -11,6 +12,7 @@ import torch
 
 from respec.models.compiled import check_compile_choice, compile_count
 from respec.tree import DraftTree
+from respec.verify import read_number_table, read_numbers
 from tests.conftest import OracleDrafter, make_target, run
 
 PROMPT = [5, 17, 9, 33, 12, 8, 21, 40, 7, 3, 19, 26]
@@ -51,6 +53,11 @@ def test_compiled_logits_equal_eager_for_trees_over_growing_contexts(pair):
         a, b = eager.forward_tree(tree), compiled.forward_tree(tree)
         torch.testing.assert_close(b.logits, a.logits, rtol=1e-4, atol=1e-4)        # [n, V]
         torch.testing.assert_close(b.hidden, a.hidden, rtol=1e-4, atol=1e-4)        # [n, H]
+        fused = read_number_table(b.numbers)          # the numbers the compiled output layer fused
+        plain = read_numbers(tree, b.logits)
+        assert fused.top1 == plain.top1 and fused.ranks == plain.ranks
+        for name in ("entropies", "margins", "gaps", "logprobs", "probs"):
+            assert getattr(fused, name) == pytest.approx(getattr(plain, name), abs=1e-4), name
         path = kept_path(tree, rng)
         eager.keep(path)
         compiled.keep(path)

@@ -1,4 +1,6 @@
 """Verification with hand-built logits (greedy strict) and a distribution test (sampling)."""
+import math
+
 import pytest
 import torch
 
@@ -106,17 +108,48 @@ def test_entropy_in_nats():
     assert abs(entropy(torch.zeros(1, 4)).item() - torch.log(torch.tensor(4.0)).item()) < 1e-6
 
 
-def test_node_target_stats_match_a_per_node_computation():
-    """Ranks, gaps and log-probs of each node under its parent's row, against a plain loop."""
-    from respec.verify import node_target_stats
+def test_number_table_equals_the_eager_numbers_with_ties_and_masked_logits():
+    """`number_table` (the form the compiled output layer fuses) against read_numbers (eager): the same top-1 (the first maximal index on a tie), ranks and margins exactly,
+    the float columns to rounding; -inf logits give finite entropies."""
+    from respec.verify import number_table, read_number_table, read_numbers
+    gen = torch.Generator().manual_seed(5)
+    tree = DraftTree.from_parents([5, 1, 2, 3, 1, 0, 4], [-1, 0, 0, 1, 1, 2, 5], "eagle")
+    logits = torch.randn(tree.size, 9, generator=gen).round(decimals=1)
+    logits[1, 2] = logits[1, 6] = logits[1].max() + 0.5          # a tied top-1: index 2 wins, margin 0
+    logits[3, 4] = float("-inf")
+    tokens = torch.tensor(tree.tokens)
+    parents = torch.tensor([max(p, 0) for p in tree.parents])
+    fused = read_number_table(number_table(logits, tokens, parents))
+    plain = read_numbers(tree, logits)
+    assert fused.top1 == plain.top1 and fused.top1[1] == 2 and fused.margins[1] == 0.0
+    assert fused.ranks == plain.ranks
+    for name in ("margins", "gaps", "logprobs", "probs"):
+        assert getattr(fused, name) == pytest.approx(getattr(plain, name), abs=1e-5), name
+    finite = [i for i in range(tree.size) if i != 3]
+    assert [fused.entropies[i] for i in finite] == pytest.approx([plain.entropies[i] for i in finite], abs=1e-5)
+    assert math.isfinite(fused.entropies[3]) and math.isfinite(plain.entropies[3])
+
+
+def test_read_numbers_match_a_per_node_computation():
+    """Ranks, gaps and log-probs of each node under its parent's row, and each row's top-1,
+    entropy and margin, against a plain loop."""
+    from respec.verify import read_numbers
     gen = torch.Generator().manual_seed(3)
     tree = DraftTree.from_parents([5, 1, 2, 3, 1, 0, 4], [-1, 0, 0, 1, 1, 2, 5], "eagle")
     logits = torch.randn(tree.size, 6, generator=gen)
     logits[2, 0] = logits[2].max() + 1.0          # node 5 (token 0 under node 2) is its row's top-1
-    stats = node_target_stats(tree, logits)
+    got = read_numbers(tree, logits)
     for i in range(1, tree.size):
         row, tok = logits[tree.parents[i]], tree.tokens[i]
-        assert int(stats.ranks[i]) == 1 + int((row > row[tok]).sum())
-        assert float(stats.gaps[i]) == pytest.approx(float(row.max() - row[tok]))
-        assert float(stats.logprobs[i]) == pytest.approx(float(torch.log_softmax(row, -1)[tok]), abs=1e-6)
-    assert int(stats.ranks[5]) == 1 and float(stats.gaps[5]) == 0.0
+        assert got.ranks[i] == 1 + int((row > row[tok]).sum())
+        assert got.gaps[i] == pytest.approx(float(row.max() - row[tok]))
+        assert got.logprobs[i] == pytest.approx(float(torch.log_softmax(row, -1)[tok]), abs=1e-6)
+        assert got.probs[i] == pytest.approx(float(torch.softmax(row, -1)[tok]), abs=1e-6)
+    for i in range(tree.size):
+        top2 = logits[i].topk(2).values
+        assert got.top1[i] == int(logits[i].argmax())
+        assert got.margins[i] == pytest.approx(float(top2[0] - top2[1]))
+        assert got.entropies[i] == pytest.approx(float(entropy(logits[i:i + 1])[0]), abs=1e-5)
+    assert got.ranks[5] == 1 and got.gaps[5] == 0.0
+
+

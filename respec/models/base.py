@@ -30,6 +30,7 @@ class TargetOutput:
     hidden: torch.Tensor | None      # [n, F] features (F = hidden, or layers x hidden: use_features), model dtype
     tokens: torch.Tensor | None = None    # forward_tree: [n] the tree's tokens on the logits' device (uploaded once)
     parents: torch.Tensor | None = None   # forward_tree: [n] each node's parent (the root: 0), same device
+    numbers: torch.Tensor | None = None   # forward_tree, compiled: [n, 7] respec/verify.py number_table
 
 
 class TargetModel(Protocol):

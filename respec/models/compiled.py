@@ -11,9 +11,11 @@ Contract:
   counts the compiles). Prefills stay eager (HFTarget._forward). The same
   compiled forward serves vanilla and every speculative method, so speedups stay comparable.
 - `compile_logits(target)` compiles the step's output layer the same way: hidden [n, H] -> float32
-  logits [n, V] (the lm_head with its frozen, prepacked weight, the softcap, the cast), one wrapper
-  for one row and one for several. On the default model it is 0.6 ms against 1.9 ms eager for one
-  row (the 49k-row layer is a fifth of the model's weight bytes).
+  logits [n, V] (the lm_head with its frozen, prepacked weight, the softcap, the cast) and, fused
+  with them, the step's verification numbers (respec/verify.py `number_table`: top-1, entropy,
+  margin, node ranks and log-probs), one wrapper for one row and one for several. On the default
+  model the layer is 0.6 ms against 1.9 ms eager for one row (the 49k-row layer is a fifth of the
+  model's weight bytes), and the numbers of 16 rows 0.5 ms against ~3.5 ms eager.
 - Both are `Trusted`: once warmed up, a call evaluates only the guards that tell its graphs apart
   (a saving of about 1 ms per one-token step on the default model); warm-ups check every guard.
 - An EAGLE-3 drafter asks for layer inputs (`HFTarget.use_features`); the compiled steps then
@@ -112,20 +114,27 @@ def compile_base(base: torch.nn.Module) -> Trusted:
 
 
 def compile_logits(target) -> Trusted:
-    """hidden [n, H] -> float32 logits [n, V] of `target` (HFTarget.lm_head then .float()), compiled
-    (see the module docstring): one-row and several-row wrappers. The two bodies are the same on
-    purpose: dynamo keeps its compiled graphs per code object, so two defs keep two caches."""
-    def one_row(hidden):
-        return target.lm_head(hidden).float()
+    """hidden [n, H], tokens [n], parents [n] -> (float32 logits [n, V] of `target` (HFTarget.lm_head
+    then .float()), their `number_table` [n, 7] (None for a vocabulary of 2**24 or more)), compiled (see the module docstring): one-row and
+    several-row wrappers. The two bodies are the same on purpose: dynamo keeps its compiled graphs
+    per code object, so two defs keep two caches."""
+    from respec.verify import number_table
 
-    def rows(hidden):
-        return target.lm_head(hidden).float()
+    fuse = target.vocab_size < 2 ** 24          # the table's ids are float32; else the eager numbers
+
+    def one_row(hidden, tokens, parents):
+        logits = target.lm_head(hidden).float()
+        return logits, number_table(logits, tokens, parents) if fuse else None
+
+    def rows(hidden, tokens, parents):
+        logits = target.lm_head(hidden).float()
+        return logits, number_table(logits, tokens, parents) if fuse else None
 
     one = torch.compile(one_row, backend="inductor", dynamic=True)
     many = torch.compile(rows, backend="inductor", dynamic=True)
 
-    def logits(hidden: torch.Tensor) -> torch.Tensor:
-        return (one if hidden.shape[0] == 1 else many)(hidden)
+    def logits(hidden: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor):
+        return (one if hidden.shape[0] == 1 else many)(hidden, tokens, parents)
 
     return Trusted(logits)
 

@@ -217,10 +217,15 @@ class HFTarget:
                             **self._tree_kwargs)
         self._pending = n
         hidden = out.last_hidden_state[0]                                            # [n, H]
-        logits = (self._compiled_logits(hidden) if self._compiled_logits is not None
-                  else self.lm_head(hidden).float())                                # [n, V] float32
+        head_device = self._head.weight.device
+        tokens, parents = ids.to(head_device), parents.to(head_device)                # [n], [n]
+        table = None
+        if self._compiled_logits is not None:   # with the verification numbers fused: [n, V], [n, 7]
+            logits, table = self._compiled_logits(hidden.to(head_device), tokens, parents)
+        else:
+            logits = self.lm_head(hidden).float()                                  # [n, V] float32
         return TargetOutput(logits=logits, hidden=self._features(out) if need_hidden else None,   # [n, F]
-                            tokens=ids.to(logits.device), parents=parents.to(logits.device))  # [n], [n]
+                            tokens=tokens, parents=parents, numbers=table)
 
     COST_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 
