@@ -16,8 +16,9 @@ Contract:
 - `warm_up()` pays the compiles: one-row and tree batches, with and without a mask, before and
   after the cache's first growth, and the draft output layer at one and several rows, in a
   throwaway cache, with a progress line; then times the head's row (`EagleHead.row_ms`, which the
-  cost model reads at a request's first probe), so no request pays a compile or that timing. `HFTarget.enable_compile` compiles the target; an
-  `Eagle2Drafter` on a compiled target compiles its head on construction (once per head and target).
+  cost model reads at a request's first probe), so no request pays a compile or that timing.
+  `HFTarget.enable_compile` compiles the target; an `Eagle2Drafter` on a compiled target
+  compiles its head on construction (once per head and target).
 - Why: on the CPU an eager head call is mostly dispatch. On the default model one head layer plus
   its 8,192-row draft output layer moves ~18 MB (~0.5 ms at the machine's bandwidth) but took
   ~1.2 ms eager; next to a compiled target step (~15 ms), eager drafting weighed 1.5x what it does
