@@ -129,3 +129,29 @@ def test_reserve_grows_the_slabs_before_a_forward_so_none_grows_inside_it():
     target.forward_tree(tree)
     assert layer._k.shape[2] == grown                    # the forward itself grew nothing
     reserve(slab_cache(target.model.config), 10)         # uninitialised layers: nothing to grow
+
+
+def test_a_one_token_step_run_as_two_rows_equals_the_one_row_graph(pair):
+    """float32 with MKL runs a compiled one-token step as a two-token chain and drops the second
+    row (compiled.one_row_as_two): the same logits, hidden state and numbers as the one-row graph,
+    and the cache one row longer, as after any one-token step."""
+    from respec.models.compiled import one_row_as_two
+
+    _, compiled = pair
+    assert compiled._pad_one == one_row_as_two(compiled.device, torch.float32)
+    assert not one_row_as_two(compiled.device, torch.bfloat16)
+    outs = {}
+    for pad in (True, False):
+        compiled._pad_one = pad
+        compiled.prefill(PROMPT)
+        for step, token in enumerate((7, 11, 13)):
+            out = compiled.forward_tree(DraftTree.root_only(token))
+            compiled.keep([0])
+            assert compiled.kv_len == len(PROMPT) + step + 1
+            outs.setdefault(pad, []).append(out)
+    compiled._pad_one = one_row_as_two(compiled.device, torch.float32)
+    for a, b in zip(outs[True], outs[False]):
+        assert a.logits.shape == b.logits.shape == (1, compiled.vocab_size)
+        torch.testing.assert_close(a.logits, b.logits, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(a.hidden, b.hidden, rtol=1e-4, atol=1e-4)
+        assert read_number_table(a.numbers).top1 == read_number_table(b.numbers).top1

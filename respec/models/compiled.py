@@ -16,6 +16,10 @@ Contract:
   margin, node ranks and log-probs), one wrapper for one row and one for several. On the default
   model the layer is 0.6 ms against 1.9 ms eager for one row (the 49k-row layer is a fifth of the
   model's weight bytes), and the numbers of 16 rows 0.5 ms against ~2 ms eager.
+- float32 on a CPU with MKL (`one_row_as_two`): one-row calls of both run as two rows and drop
+  the second (a one-token step as a two-token chain, its extra cache row cropped), because a
+  static one-row float32 linear is packed for MKL and a symbolic-row one for oneDNN: one token
+  21.6 ms against 35.5 ms on the default model (2-core AMD EPYC, session 21).
 - Both are `Trusted`: once warmed up, a call evaluates only the guards that tell its graphs apart
   (a saving of about 1 ms per one-token step on the default model); warm-ups check every guard.
 - An EAGLE-3 drafter asks for layer inputs (`HFTarget.use_features`); the compiled steps then
@@ -91,6 +95,33 @@ class Trusted:
         return self.fn(*args, **kwargs)
 
 
+def one_row_as_two(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether one-row compiled calls should run as two rows, the second dropped: float32 on a CPU
+    build with MKL. Under freezing, inductor packs a float32 linear whose row count is a static 1
+    for MKL's packed sgemm and one whose row count is symbolic for oneDNN; on the 2-core AMD EPYC
+    the one-token float32 forward took 35.5 ms the first way against 22.7 ms for a two-token
+    forward (session 21, `scripts/verify_cost.py --dtype float32 --compile both`). bf16 and fp16
+    linears always go to oneDNN."""
+    return torch.device(device).type == "cpu" and dtype == torch.float32 and bool(torch._C.has_mkl)
+
+
+def pad_one_token(kwargs: dict) -> dict:
+    """A one-token step's forward keywords as a two-token chain's: input_ids and position_ids
+    [1, 1] -> [1, 2] (the token again, one position on), no mask (a chain's is the model's causal
+    one). The caller grows the cache for two rows and crops the second after the call."""
+    ids, pos = kwargs["input_ids"], kwargs["position_ids"]                 # each [1, 1]
+    return dict(kwargs, input_ids=torch.cat([ids, ids], dim=1), position_ids=torch.cat([pos, pos + 1], dim=1))
+
+
+def first_row(out):
+    """A model output of a padded call cut back to its first row (last_hidden_state [1, 1, H] and
+    each of hidden_states, when returned)."""
+    out.last_hidden_state = out.last_hidden_state[:, :1]
+    if getattr(out, "hidden_states", None) is not None:
+        out.hidden_states = tuple(h[:, :1] for h in out.hidden_states)
+    return out
+
+
 def compile_base(base: torch.nn.Module) -> Trusted:
     """The base model's forward compiled (see the module docstring). One-token steps and
     multi-token forwards (trees) go through two separately compiled wrappers, so the one-token
@@ -132,9 +163,17 @@ def compile_logits(target) -> Trusted:
 
     one = torch.compile(one_row, backend="inductor", dynamic=True)
     many = torch.compile(rows, backend="inductor", dynamic=True)
+    as_two = one_row_as_two(target.device, target.dtype)
 
     def logits(hidden: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor):
-        return (one if hidden.shape[0] == 1 else many)(hidden, tokens, parents)
+        if hidden.shape[0] > 1:
+            return many(hidden, tokens, parents)
+        if not as_two:
+            return one(hidden, tokens, parents)
+        # the row twice (its parent is itself, so its numbers read only its own logits)
+        logits, table = many(hidden.expand(2, -1).contiguous(), tokens.expand(2).contiguous(),
+                             parents.expand(2).contiguous())
+        return logits[:1], None if table is None else table[:1]
 
     return Trusted(logits)
 

@@ -31,6 +31,7 @@ from transformers import DynamicCache
 
 from respec.models.base import TargetOutput
 from respec.models.compat import cache_kwarg, check_placement, check_transformers, cuda_devices
+from respec.models.compiled import first_row, pad_one_token
 from respec.models.attention import additive_mask, use_tree_attention
 from respec.models.kv import reserve, slab_cache
 from respec.transfer import barrier, upload, upload_parts
@@ -71,6 +72,7 @@ class HFTarget:
         self._compiled = None                                 # compiled base forward (enable_compile), else eager
         self._compiled_logits = None                          # compiled output layer + cast (enable_compile)
         self._feature_graphs = False                          # compiled graphs returning layer inputs warmed up
+        self._pad_one = False                                 # compiled one-token steps run as two rows
 
     # ------------------------------------------------------------------ properties
     @property
@@ -161,13 +163,21 @@ class HFTarget:
         vanilla's included; prefills stay eager), with the cache's slabs grown beforehand so that
         no growth happens inside the graph."""
         self._captured.clear()
-        forward = self._base
+        forward, padded = self._base, False
         if compiled and self._compiled is not None:
+            # float32 with MKL: a one-token step runs as a two-token chain (compiled.one_row_as_two)
+            padded = self._pad_one and kwargs["input_ids"].shape[1] == 1 and kwargs.get("attention_mask") is None
+            if padded:
+                kwargs = pad_one_token(kwargs)
             reserve(self.cache, int(kwargs["input_ids"].shape[1]))
             forward = self._compiled
             if self.feature_layers is not None:   # a compiled graph runs no hooks added after it: ask for outputs
                 kwargs["output_hidden_states"] = True
-        return forward(**{self._cache_kw: self.cache}, use_cache=True, **kwargs)
+        out = forward(**{self._cache_kw: self.cache}, use_cache=True, **kwargs)
+        if padded:
+            self.cache.crop(-1)
+            out = first_row(out)
+        return out
 
     @property
     def compiled(self) -> bool:
@@ -176,11 +186,12 @@ class HFTarget:
     def enable_compile(self, progress: bool = True) -> float:
         """Compile the base forward and pay its compiles now (respec/models/compiled.py); returns
         the warm-up's seconds. Measured verify-cost curves are dropped (they timed the eager forward)."""
-        from respec.models.compiled import compile_base, compile_logits, warm_up
+        from respec.models.compiled import compile_base, compile_logits, one_row_as_two, warm_up
 
         if self._compiled is None:
             self._compiled = compile_base(self._base)
             self._compiled_logits = compile_logits(self)
+            self._pad_one = one_row_as_two(self.device, self.dtype)
             self._cost_curves.clear()
         return warm_up(self, progress=progress)
 
