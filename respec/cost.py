@@ -13,8 +13,8 @@ Contract (`TreeConfig.auto`, on by default on every device):
   plain decoding step (n = 1, no drafting): below 1, drafting does not pay.
 - `CostModel` holds one request's view of costs: the target's verify-cost curve (measured once at
   load at a short context) shifted by the median of the last OFFSET_WINDOW steps' residuals
-  (observed verify ms minus the curve at that step's size), so a long prompt is judged at its own
-  cost, and the median of the last OFFSET_WINDOW drafting times per drafting source. The engine
+  (observed verify ms minus the curve at that step's size; one-token steps and trees apart, as a
+  long context shifts them differently), so a long prompt is judged at its own cost, and the median of the last OFFSET_WINDOW drafting times per drafting source. The engine
   builds one per request (nothing leaks between requests) and feeds it every step's verify time.
 - `ContinuationEstimator`: for retrieval drafts (SAM chains, ReSpec tries), the probability that
   the target continues along a drafted child, per match-length bucket, learned online from every
@@ -191,24 +191,37 @@ class CostModel:
     def __init__(self, curve_fn: Callable[[int], Mapping[int, float]], max_size: int) -> None:
         self._curve_fn = curve_fn
         self.max_size = max(1, int(max_size))
-        self._residuals: collections.deque[float] = collections.deque(maxlen=OFFSET_WINDOW)
+        # residuals of one-token steps and of trees (n > 1), kept apart: see `context_offset_ms`
+        self._residuals = {kind: collections.deque(maxlen=OFFSET_WINDOW) for kind in ("one", "tree")}
         self._draft_ms: dict[str, collections.deque[float]] = {}
 
     @property
     def measured(self) -> dict[int, float]:
         return dict(self._curve_fn(self.max_size))
 
+    def offset_ms(self, kind: str) -> float:
+        """The context shift of one-token steps ("one") or of trees ("tree"): the median of that
+        kind's recent residuals, the other kind's before it has any (0 before any step), floored
+        so every cost stays positive. The two are kept apart because a long context does not
+        shift them alike: on the compiled default model over a ~1,500-token summarization
+        prompt, one-token steps ran ~3 ms above the curve and few-node trees ~9 ms, and one
+        shared median (mostly trees while the head drafted) priced plain steps at the trees'
+        shift, so drafts that lost to plain steps looked as if they paid (session 21)."""
+        window = self._residuals[kind] or self._residuals["tree" if kind == "one" else "one"]
+        if not window:
+            return 0.0
+        return max(float(statistics.median(window)), -0.5 * min(self.measured.values()))
+
     @property
     def context_offset_ms(self) -> float:
-        """Median recent residual (0 before any step), floored so every cost stays positive."""
-        if not self._residuals:
-            return 0.0
-        return max(float(statistics.median(self._residuals)), -0.5 * min(self.measured.values()))
+        """The trees' context shift (`offset_ms("tree")`), as decisions record it."""
+        return self.offset_ms("tree")
 
     def curve(self) -> dict[int, float]:
-        """This request's verify cost per tree size."""
-        off = self.context_offset_ms
-        return {n: c + off for n, c in self.measured.items()}
+        """This request's verify cost per tree size: one token shifted by the one-token offset,
+        larger trees by the trees'."""
+        one, tree = self.offset_ms("one"), self.offset_ms("tree")
+        return {n: c + (one if n == 1 else tree) for n, c in self.measured.items()}
 
     def draft_ms(self, source: str, now: float | None = None) -> float:
         """Median of the recent drafting times of `source`, `now` included (one slow draft, e.g.
@@ -229,4 +242,5 @@ class CostModel:
 
     def observe(self, size: int, verify_ms: float) -> None:
         """A verified step of `size` nodes took `verify_ms` (forward + verification)."""
-        self._residuals.append(float(verify_ms) - interpolate_cost(self.measured, size))
+        kind = "one" if size <= 1 else "tree"
+        self._residuals[kind].append(float(verify_ms) - interpolate_cost(self.measured, size))

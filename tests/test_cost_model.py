@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from respec.cost import (MIN_GAIN, OFFSET_WINDOW, ContinuationEstimator, CostModel, ancestor_closed_order,
+from respec.cost import (MIN_GAIN, OFFSET_WINDOW, ContinuationEstimator, CostModel, SizePlan, ancestor_closed_order,
                          interpolate_cost, plan_size, trie_node_probs)
 from respec.drafters.eagle2 import DEPTH_SOURCE
 from respec.tree import DraftTree
@@ -54,18 +54,37 @@ def test_plan_is_the_best_prefix_by_brute_force():
 def test_cost_model_shifts_the_curve_to_the_request_and_takes_median_draft_times():
     cm = CostModel(lambda n: dict(AMX), max_size=16)
     assert cm.context_offset_ms == 0.0 and cm.plain_ms() == 50.0
-    for size, ms in [(1, 250.0), (16, 270.0), (4, 251.0), (1, 5000.0), (8, 255.0)]:
+    for size, ms in [(1, 250.0), (16, 270.0), (4, 251.0), (1, 5000.0), (8, 255.0), (1, 249.0)]:
         cm.observe(size, ms)
-    assert cm.context_offset_ms == pytest.approx(200.0), "median residual, robust to the outlier"
-    assert cm.curve()[16] == pytest.approx(270.0)
+    assert cm.context_offset_ms == pytest.approx(200.0), "median residual"
+    assert cm.offset_ms("one") == pytest.approx(200.0), "median residual, robust to the outlier"
+    assert cm.curve()[16] == pytest.approx(270.0) and cm.plain_ms() == pytest.approx(250.0)
     # at the long context the same chain pays more: verification there is relatively cheaper
     assert cm.plan("retrieval", [.9, .8, .7]).rate_vs_plain > plan_size([.9, .8, .7], AMX).rate_vs_plain
     for _ in range(OFFSET_WINDOW):
         cm.observe(1, 0.0)
-    assert cm.context_offset_ms == pytest.approx(-25.0), "a faster context never lowers costs below half"
+    assert cm.offset_ms("one") == pytest.approx(-25.0), "a faster context never lowers costs below half"
+    assert cm.context_offset_ms == pytest.approx(200.0), "trees keep their own shift"
     assert cm.draft_ms("eagle", 150.0) == 150.0
     assert [cm.draft_ms("eagle", ms) for ms in (0.0, 0.0, 0.0, 0.0, 900.0)][-1] == 0.0
     assert cm.draft_ms("retrieval") == 0.0, "sources keep separate drafting times"
+
+
+def test_one_token_steps_and_trees_are_shifted_apart():
+    """A long context that adds 3 ms to a one-token step and 9 ms to a tree (the compiled default
+    model over a long prompt): plain steps are priced at their own shift, so a draft that would
+    pay against plain steps priced at the trees' shift (1.25 tokens for 67 ms against one for
+    59 ms) is refused against their real price (one for 53 ms)."""
+    cm = CostModel(lambda n: dict(NO_AMX), max_size=16)
+    for _ in range(3):
+        cm.observe(1, 53.0)
+    assert cm.curve()[4] == pytest.approx(65.0), "no tree seen yet: the one-token shift"
+    for _ in range(OFFSET_WINDOW):
+        cm.observe(2, 65.0)
+    assert cm.plain_ms() == pytest.approx(53.0) and cm.curve()[2] == pytest.approx(65.0)
+    assert cm.plan("eagle", [0.25], draft_ms=2.0).size == 1, "not drafted"
+    assert SizePlan.at([0.25], 2, cm.curve(), 2.0).rate_vs_plain == pytest.approx(1.25 * 53.0 / 67.0)
+    assert (1.25 / 67.0) * 59.0 > 1.02, "the same draft against plain steps at the trees' shift"
 
 
 def test_trie_probabilities_chain_split_siblings_and_ancestor_closed_order():

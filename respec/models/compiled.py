@@ -35,8 +35,8 @@ Contract:
   differently in bf16 (greedy outputs stay equal to compiled vanilla under the engine's tie rule);
   in float32 they agree to float rounding.
 Measured on the default model (2-core AMD EPYC, bf16, `scripts/verify_cost.py --context 256
---reps 5 --compile both`, session 19): one-token forward 13.8 ms compiled against 23.9 ms eager, 16
-tokens 18.7 against 31.2 (BENCHMARKS.md); the warm-up's compiles took three to six minutes on two cores. Nothing
+--reps 5 --compile both`, session 21): one-token forward 12.3 ms compiled against 23.8 ms eager, 16
+tokens 17.4 against 34.0 (BENCHMARKS.md); the warm-up's compiles took 7.5 minutes on two cores. Nothing
 is compiled at import.
 """
 from __future__ import annotations
