@@ -14,8 +14,9 @@ Contract (`TreeConfig.auto`, on by default on every device):
 - `CostModel` holds one request's view of costs: the target's verify-cost curve (measured once at
   load at a short context) shifted by the median of the last OFFSET_WINDOW steps' residuals
   (observed verify ms minus the curve at that step's size; one-token steps and trees apart, as a
-  long context shifts them differently), so a long prompt is judged at its own cost, and the median of the last OFFSET_WINDOW drafting times per drafting source. The engine
-  builds one per request (nothing leaks between requests) and feeds it every step's verify time.
+  long context shifts them differently), so a long prompt is judged at its own cost, and the
+  median of the last OFFSET_WINDOW drafting times per drafting source. The engine builds one per
+  request (nothing leaks between requests) and feeds it every step's verify time.
 - `ContinuationEstimator`: for retrieval drafts (SAM chains, ReSpec tries), the probability that
   the target continues along a drafted child, per match-length bucket, learned online from every
   verified retrieval step (Beta prior, exponentially decayed counts).

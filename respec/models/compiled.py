@@ -74,7 +74,7 @@ def compile_base_settings(device: torch.device) -> None:
         # linears reading one input (q, k, v; gate and up) run as one packed linear, and the graph's
         # kernels are called from C++ instead of a Python wrapper: on the default model (bf16, one
         # token) 13.1 ms against 14.6 without either, 16 tokens 19.0 against 20.4, for compiles
-        # ~25% longer (scripts/verify_cost.py-style timing, separate processes, session 21)
+        # ~25% longer (`HFTarget.verify_cost_curve(context=256)`, one process per variant, session 21)
         inductor_config.cpp.enable_concat_linear = True
         inductor_config.cpp_wrapper = True
 
@@ -106,8 +106,8 @@ def one_row_as_two(device: torch.device, dtype: torch.dtype) -> bool:
     build with MKL. Under freezing, inductor packs a float32 linear whose row count is a static 1
     for MKL's packed sgemm and one whose row count is symbolic for oneDNN; on the 2-core AMD EPYC
     the one-token float32 forward took 35.5 ms the first way against 22.7 ms for a two-token
-    forward (session 21, `scripts/verify_cost.py --dtype float32 --compile both`). bf16 and fp16
-    linears always go to oneDNN."""
+    forward (session 21, `HFTarget.verify_cost_curve(context=256)` after `enable_compile`, a
+    throwaway script). bf16 and fp16 linears always go to oneDNN."""
     return torch.device(device).type == "cpu" and dtype == torch.float32 and bool(torch._C.has_mkl)
 
 
