@@ -31,7 +31,7 @@ from transformers import DynamicCache
 
 from respec.models.base import TargetOutput
 from respec.models.compat import cache_kwarg, check_placement, check_transformers, cuda_devices
-from respec.models.compiled import first_row, pad_one_token
+from respec.models.compiled import compile_base, compile_logits, first_row, one_row_as_two, pad_one_token, warm_up
 from respec.models.attention import additive_mask, use_tree_attention
 from respec.models.kv import reserve, slab_cache
 from respec.transfer import barrier, upload, upload_parts
@@ -140,8 +140,7 @@ class HFTarget:
 
         self._hooks = [blocks[i].register_forward_pre_hook(capture(i), with_kwargs=True) for i in sorted(set(layers))]
         if self._compiled is not None and not self._feature_graphs:   # the compiled steps now return layer
-            from respec.models.compiled import warm_up                   # inputs: other graphs, compiled once
-            warm_up(self)
+            warm_up(self)                                                # inputs: other graphs, compiled once
             self._feature_graphs = True
 
     def batch_features(self, out) -> torch.Tensor:
@@ -186,8 +185,6 @@ class HFTarget:
     def enable_compile(self, progress: bool = True) -> float:
         """Compile the base forward and pay its compiles now (respec/models/compiled.py); returns
         the warm-up's seconds. Measured verify-cost curves are dropped (they timed the eager forward)."""
-        from respec.models.compiled import compile_base, compile_logits, one_row_as_two, warm_up
-
         if self._compiled is None:
             self._compiled = compile_base(self._base)
             self._compiled_logits = compile_logits(self)
