@@ -152,6 +152,10 @@ class ModelHub:
                     raise ModelLoadError(self.load_error) from None
                 self._runner_spec = spec
                 self.load_error = None
+                if compile_setting() == "on":
+                    # answers run eagerly until the compiled forward is installed between two steps;
+                    # a ZeroGPU worker keeps nothing a background thread builds: compile at load there
+                    self._runner.compile_later(self._step_lock, background=not self.per_call_workers)
                 log.info("loaded model %s in %.1f s (EAGLE head: %s)", spec, time.perf_counter() - t0,
                          getattr(self._runner, "head_info", "?"))
             return self._runner
@@ -208,14 +212,15 @@ def _default_factory(spec: str):
     from respec.models import load_target
     from respec.runner import Runner
     choice = ModelChoice.parse(spec)
-    # Runner.engine measures tree.auto's cost curve outside run timing
-    return Runner(load_target(choice.model, compile=compile_setting()), head=choice.head)
+    # Runner.engine measures tree.auto's cost curve outside run timing; ModelHub.runner compiles
+    return Runner(load_target(choice.model), head=choice.head)
 
 
 def compile_setting() -> str:
-    """RESPEC_COMPILE: "on" compiles each loaded model's forward (respec/models/compiled.py; minutes
-    of compiling at its first load), "off" (the default, and for a malformed value, with a warning)
-    keeps the eager forward."""
+    """RESPEC_COMPILE: "on" compiles each loaded model's forward and EAGLE head
+    (respec/models/compiled.py: minutes on a CPU) in the background while the model serves eagerly
+    (`Runner.compile_later`; at load on ZeroGPU), "off" (the default, and for a malformed value,
+    with a warning) keeps the eager forward."""
     from respec.models.compiled import check_compile_choice
 
     def parse(raw: str) -> str:

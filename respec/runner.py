@@ -9,11 +9,21 @@ present, else a seeded random head (lossless, accepts little), and `head_info` s
 
 Model-head pairs: `ModelChoice.parse("MODEL=HEAD")` (each side a Hub id or a local path; "=HEAD"
 optional) is how RESPEC_MODELS entries and the app's model picker name a target with its head.
+
+`compile_later(lock)` compiles the target's forward and the head in a background thread, on a twin
+target over the same weights (`HFTarget.twin`), while this runner keeps serving eagerly, then
+installs the graphs between two steps (under `lock`, the app's step lock); `compile_state` says
+where that stands and every result's meta says which forward ran ("forward"). What it buys: the
+app's first answer does not wait minutes of compiling (respec/models/compiled.py).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
 import platform
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -25,6 +35,8 @@ from respec.drafters import make_drafter
 from respec.engine import Engine
 from respec.errors import ConfigError
 from respec.trace import GenerationResult, StepTrace
+
+log = logging.getLogger("respec")
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_HEAD_DIR = ASSETS / "eagle" / "smollm2-135m-instruct"
@@ -86,10 +98,54 @@ class Runner:
         else:
             self.head = random_head(target, seed=0)
             self.head_info = "random (untrained; lossless but accepts little)"
+        # "off" | "on" | "compiling" (compile_later) | "failed: <why>" (serving stays eager)
+        self.compile_state = "on" if getattr(target, "compiled", False) else "off"
         if getattr(target, "compiled", False):     # pay the head's compiles at load, not in a first request
             self.head.enable_compile(target)
             if self.head.feature_layers is not None:   # and the target's graphs that return layer inputs
                 target.use_features(self.head.feature_layers)
+
+    def compile_later(self, lock=None, progress: bool = False, background: bool = True) -> threading.Thread | None:
+        """Compile the target's forward and the EAGLE head (see the module docstring) and return the
+        background thread doing it; None when there is nothing to do (already compiled or
+        compiling) or when it compiled in place: under `lock`, before this returns, when
+        `background` is off or the head reads layer inputs (EAGLE-3: it shares the target's hooks).
+        A failed background compile is logged and recorded in `compile_state`; the runner keeps its
+        eager forward."""
+        if self.compile_state in ("on", "compiling"):
+            return None
+        guard = lock if lock is not None else contextlib.nullcontext()
+        if self.head.feature_layers is not None or not background:
+            with guard:
+                self._compile_in_place(progress)
+            return None
+        self.compile_state = "compiling"
+        thread = threading.Thread(target=self._compile_twin, args=(guard, progress), name="respec-compile", daemon=True)
+        thread.start()
+        return thread
+
+    def _compile_in_place(self, progress: bool) -> None:
+        self.target.enable_compile(progress=progress)
+        self.head.enable_compile(self.target, progress=progress)
+        self.target.use_features(self.head.feature_layers)
+        self.compile_state = "on"
+
+    def _compile_twin(self, guard, progress: bool) -> None:
+        t0 = time.perf_counter()
+        try:
+            twin = self.target.twin()
+            twin.enable_compile(progress=progress)
+            head = self.head.compile_for(twin, progress=progress)
+            with guard:                        # between two steps of whatever runs
+                self.target.adopt_compiled(twin)
+                self.head.adopt_compiled(head, self.target)
+        except Exception as exc:  # noqa: BLE001 - serving goes on eagerly; the cause is logged and kept
+            self.compile_state = f"failed: {type(exc).__name__}: {exc}"
+            log.warning("compiling %s's forward failed; it stays eager: %s", self.target.name, exc, exc_info=True)
+            return
+        self.compile_state = "on"
+        log.info("compiled %s's forward and EAGLE head in the background in %.0f s", self.target.name,
+                 time.perf_counter() - t0)
 
     def config(self, overrides: dict | None = None, **settings) -> EngineConfig:
         """EngineConfig for this target's device: device defaults (respec.config.device_defaults),
@@ -132,7 +188,8 @@ class Runner:
         return {"model": self.target.name if loaded is None else loaded.name,
                 "model_source": "" if loaded is None else str(loaded.source),
                 "device": str(self.target.device), "dtype": str(self.target.dtype).replace("torch.", ""),
-                "eagle_head": self.head_info, "method": config.method, "seed": config.sampling.seed,
+                "eagle_head": self.head_info, "forward": "compiled" if getattr(self.target, "compiled", False) else "eager",
+                "method": config.method, "seed": config.sampling.seed,
                 "prompt": prompt, "torch": torch.__version__, "transformers": transformers.__version__,
                 "python": platform.python_version()}
 

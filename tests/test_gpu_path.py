@@ -390,16 +390,25 @@ def test_zerogpu_preload_computes_the_per_worker_caches_in_the_main_process(llam
     assert hub.per_call_workers
 
 
-@pytest.mark.parametrize("env,want", [(None, "off"), ("on", "on"), ("OFF", "off"), ("fast", "off")])
-def test_the_app_compiles_its_models_when_respec_compile_is_on(monkeypatch, llama, env, want):
-    """RESPEC_COMPILE=on reaches load_target(compile="on"); unset or malformed (with a warning) is off."""
+@pytest.mark.parametrize("env,want", [(None, False), ("on", True), ("OFF", False), ("fast", False)])
+@pytest.mark.parametrize("zero_gpu", [False, True])
+def test_the_app_compiles_its_models_in_the_background_when_respec_compile_is_on(monkeypatch, llama, env, want,
+                                                                                 zero_gpu):
+    """RESPEC_COMPILE=on: the hub loads the model eagerly, then starts Runner.compile_later under its
+    step lock (in the background; at load on ZeroGPU, whose workers keep nothing a thread builds);
+    unset or malformed (with a warning) compiles nothing."""
     import respec.models
     from app import hub
-    seen = []
+    seen, calls = [], []
     monkeypatch.setattr(respec.models, "load_target", lambda spec, **kw: seen.append(kw) or llama)
     if env is None:
         monkeypatch.delenv("RESPEC_COMPILE", raising=False)
     else:
         monkeypatch.setenv("RESPEC_COMPILE", env)
-    hub._default_factory("tiny")
-    assert seen == [{"compile": want}]
+    runner = hub._default_factory("tiny")
+    assert seen == [{}], "the factory loads eagerly; the hub compiles"
+    monkeypatch.setattr(Runner, "compile_later", lambda self, lock, background=True: calls.append((lock, background)))
+    h = hub.ModelHub("tiny", factory=lambda spec: runner, choices=["tiny"])
+    h.per_call_workers = zero_gpu
+    assert h.runner() is runner
+    assert calls == ([(h._step_lock, not zero_gpu)] if want else [])

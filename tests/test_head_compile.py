@@ -2,19 +2,23 @@
 features and draft logits as the eager head (EAGLE-1/2 and EAGLE-3, Llama and Qwen2 style) for
 catch-ups and tree batches over a growing cache; no recompilation after the warm-up across 20
 drafting steps of a real Eagle2Drafter or the head's row timing; greedy eagle2 on a compiled target and head equal to
-vanilla; an eager target leaves the head eager."""
+vanilla; an eager target leaves the head eager; a background compile (Runner.compile_later) serves
+eagerly meanwhile, then installs the compiled target and head without recompiling."""
 from __future__ import annotations
+
+import threading
 
 import pytest
 import torch
 
-from respec.config import TreeConfig
+from respec.config import EngineConfig, TreeConfig
 from respec.drafters.eagle2 import Eagle2Drafter
 from respec.drafters.eagle3_head import random_eagle3_head
 from respec.drafters.eagle_head import random_head
 from respec.models.attention import additive_mask
 from respec.models.compiled import compile_count
 from respec.models.kv import INITIAL_CAPACITY, slab_cache
+from respec.runner import Runner
 from tests.conftest import make_target, run
 
 PROMPT = [5, 17, 9, 33, 12, 8, 21, 40, 7, 3, 19, 26]
@@ -105,3 +109,28 @@ def test_an_eager_target_leaves_the_head_eager_and_compiling_twice_is_free(compi
     assert fresh._compiled is None
     Eagle2Drafter(target, head, TreeConfig())         # already compiled: no new warm-up
     assert head._compiled.target is target
+
+
+def test_a_background_compile_serves_eagerly_then_installs_the_compiled_target_and_head():
+    """Runner.compile_later compiles on a twin target (the same weights) while runs go on eagerly
+    under the step lock; then the runner's own target and head run compiled (the meta says so),
+    with no recompilation, greedy eagle2 still equal to vanilla."""
+    target = make_target("llama", dtype=torch.float32)
+    runner = Runner(target)                       # a random head, eager
+    cfg = EngineConfig().with_overrides({"method": "eagle2", "max_new_tokens": 24})
+    ref = run(make_target("llama", dtype=torch.float32), "vanilla", PROMPT, max_new_tokens=24).tokens
+    lock = threading.Lock()
+    thread = runner.compile_later(lock)
+    assert thread is not None and runner.compile_state == "compiling" and runner.compile_later(lock) is None
+    with lock:                                    # a run while the twin compiles: the eager forward
+        assert not target.compiled and runner.meta(cfg)["forward"] == "eager"
+        assert runner.engine(cfg).generate(PROMPT).tokens == ref
+    thread.join(timeout=600)
+    assert not thread.is_alive() and runner.compile_state == "on"
+    assert target.compiled and runner.head._compiled.target is target and runner.meta(cfg)["forward"] == "compiled"
+    before = compile_count()
+    for _ in range(2):
+        assert runner.engine(cfg).generate(PROMPT).tokens == ref
+    assert compile_count() == before, "the twin's graphs serve the runner's target as they are"
+    with pytest.raises(ValueError, match="twin"):
+        target.adopt_compiled(make_target("llama", dtype=torch.float32))

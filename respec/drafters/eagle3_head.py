@@ -98,6 +98,12 @@ class Eagle3Head(EagleHead):
         target id i without d2t), through the head's own norm and lm_head."""
         return self._own_lm()(self.norm(out))
 
+    def draft_output_layer(self, target: TargetModel):
+        """eager_draft_logits as one callable (what CompiledHead traces): the head's norm, then its
+        own lm_head rows."""
+        lm = self._own_lm()
+        return lambda out: lm(self.norm(out))
+
     def logits_over(self, target: TargetModel, out: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """out [r, H], ids [S] target ids inside the draft vocabulary -> logits [r, S]."""
         index = ids.to(self.lm_head.weight.device)

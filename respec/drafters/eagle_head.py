@@ -129,6 +129,24 @@ class EagleHead(nn.Module):
         self._row_ms = None
         return self._compiled.warm_up(progress=progress)
 
+    def compile_for(self, twin: TargetModel, progress: bool = True):
+        """A CompiledHead for `twin` (HFTarget.twin of the target this head serves), warmed up but
+        not installed: this head keeps drafting eagerly meanwhile (a background compile; then
+        `adopt_compiled`)."""
+        from respec.drafters.head_compile import CompiledHead
+        compiled = CompiledHead.of(self, twin)
+        compiled.warm_up(progress=progress)
+        return compiled
+
+    def adopt_compiled(self, compiled, target: TargetModel) -> None:
+        """Draft for `target` with `compiled` (`compile_for` on a twin of it, the same weights) from
+        now on; row_ms is timed again, compiled (between steps: the app holds its step lock)."""
+        if not compiled.warmed or compiled.head is not self:
+            raise ValueError("adopt_compiled takes this head's warmed-up CompiledHead (compile_for)")
+        compiled.target = target
+        self._compiled, self._row_ms = compiled, None
+        self.row_ms(target)
+
     def draft_logits(self, target: TargetModel, out: torch.Tensor) -> torch.Tensor:
         """Logits of predicted features out [q, H] over the draft vocabulary: [q, V] (all target
         ids) or [q, Vd] (index i is target id draft_vocab[i]); compiled once `enable_compile` ran."""
@@ -142,8 +160,15 @@ class EagleHead(nn.Module):
         if self.draft_vocab is None:
             return target.lm_head(out)
         if self._draft_lm is None or self._draft_lm[0] is not target:
-            self._draft_lm = (target, LMHead.of(target, target.dtype).subset(self.draft_vocab))
+            self._draft_lm = (target, self.draft_output_layer(target))
         return self._draft_lm[1](out)
+
+    def draft_output_layer(self, target: TargetModel):
+        """out [q, H] -> draft logits [q, V or Vd], built now and not cached on the head (what a
+        compile traces, so its graph reads no state another thread may change)."""
+        if self.draft_vocab is None:
+            return target.lm_head
+        return LMHead.of(target, target.dtype).subset(self.draft_vocab)
 
     def logits_over(self, target: TargetModel, out: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Logits of out [r, H] for the target ids `ids` [S] only (inside the draft vocabulary):

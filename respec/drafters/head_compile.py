@@ -3,7 +3,7 @@
 Contract:
 - `CompiledHead.of(head, target)` compiles `head`'s eager forward (`EagleHead.eager_forward`: the
   fc, one decoder layer, RoPE, the causal mask when none is given) and its draft output layer
-  (`EagleHead.eager_draft_logits`) with inductor and dynamic shapes, so a graph compiles once
+  (`EagleHead.draft_output_layer`, built once) with inductor and dynamic shapes, so a graph compiles once
   for any row count, context length and cache capacity (dynamo gives one-row calls, and calls
   with and without a mask, graphs of their own). An EAGLE-1/2 and an EAGLE-3
   head compile alike: what compiles is the head's own forward.
@@ -50,11 +50,10 @@ class CompiledHead:
     @classmethod
     def of(cls, head, target) -> "CompiledHead":
         compile_base_settings(head.fc.weight.device)
-        head.eager_draft_logits(target, torch.zeros(1, head.config.hidden_size, dtype=head.fc.weight.dtype,
-                                                    device=head.fc.weight.device))  # its draft rows cached, eagerly
+        layer = head.draft_output_layer(target)      # built eagerly, held by the graph (no head state read)
 
         def logits(out: torch.Tensor) -> torch.Tensor:
-            return head.eager_draft_logits(target, out)
+            return layer(out)
 
         # dynamic shapes; dynamo still specialises a one-row call into its own graph
         forward_fn = Trusted(torch.compile(head.eager_forward, backend="inductor", dynamic=True))

@@ -70,10 +70,14 @@ def _single_query(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 
 
 def use_tree_attention(model) -> bool:
-    """Switch `model` from "sdpa" to "respec_sdpa" (see the module docstring). Returns whether it did."""
+    """Switch `model` from "sdpa" to "respec_sdpa" (see the module docstring). Returns whether
+    `model` now runs it (also when an earlier call switched it: a second target over the same
+    weights, HFTarget.twin)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+    if getattr(model.config, "_attn_implementation", None) == NAME:
+        return True
     if getattr(model.config, "_attn_implementation", None) != "sdpa" or not hasattr(model, "set_attn_implementation"):
         return False
     AttentionInterface.register(NAME, respec_sdpa)           # idempotent: the same function each time

@@ -192,6 +192,26 @@ class HFTarget:
             self._cost_curves.clear()
         return warm_up(self, progress=progress)
 
+    def twin(self) -> "HFTarget":
+        """Another target over the same weights, with its own cache and nothing compiled: a
+        background compile warms it up (`enable_compile`) while this one serves, then this one
+        takes its graphs (`adopt_compiled`). Final-norm features only (no layer hooks to share)."""
+        if self.feature_layers is not None:
+            raise ValueError("a target reading layer inputs (an EAGLE-3 head) compiles in place, not through a twin")
+        return HFTarget(self.model, eos_token_ids=self.eos_token_ids, context_length=self.context_length,
+                        name=self.name, tokenizer=self.tokenizer, loaded=self.loaded)
+
+    def adopt_compiled(self, twin: "HFTarget") -> None:
+        """Run this target's steps through `twin`'s compiled forward and output layer from the next
+        forward on (twin: `self.twin()` after its `enable_compile`). Cost curves measured so far
+        timed the eager forward and are dropped. Call it between steps (the app holds its step lock)."""
+        if twin.model is not self.model or not twin.compiled:
+            raise ValueError("adopt_compiled takes a compiled twin of this target (HFTarget.twin, enable_compile)")
+        self._pad_one = twin._pad_one
+        self._compiled_logits = twin._compiled_logits
+        self._compiled = twin._compiled
+        self._cost_curves.clear()
+
     @torch.inference_mode()
     def prefill(self, tokens: Sequence[int]) -> TargetOutput:
         self.reset()
