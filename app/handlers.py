@@ -101,7 +101,8 @@ def _compare_stream(hub: ModelHub, caps: Caps, prompt: str, values: Mapping[str,
     out = full_update(state, show_rejected, teaching)
     mean = sum(render_ms) / len(render_ms) if render_ms else 0.0
     state.last_render_ms = render_ms          # measured server time per streamed update (README)
-    out["status"] = f"✔ done — {len(render_ms)} streamed updates, {mean:.1f} ms server render time each"
+    out["status"] = (f"✔ done — {len(render_ms)} streamed updates, {mean:.1f} ms server render time each"
+                     + hub.compile_note())
     out["live_narration"] = ""
     yield out
 

@@ -12,6 +12,11 @@ The target holds one KV cache, so two runs must never interleave: every target f
 goes through `next_step(run_id, ...)` under a lock, and a newer run (`begin_run`) supersedes older
 ones. No lock is held while a handler yields.
 
+RESPEC_COMPILE=on: after a load the hub starts `Runner.compile_later` (a background thread, at
+load on ZeroGPU) with `wait_idle` as its pause, so the compile sleeps while requests run
+(`IDLE_BEFORE_COMPILING_S` after their last step) instead of starving them of the GIL, and the
+compiled forward is installed under the step lock; `compile_note()` tells the status line.
+
 ZeroGPU: `preload()` loads the model at start-up in the main process; a failure leaves the app in
 replay mode (banner) instead of crashing the Space. Every GPU call runs in a fresh worker, so what
 a call computes is lost at its end: `no_relax_ids` (a pure tokenizer scan) is computed at start-up
@@ -33,6 +38,9 @@ from respec.errors import ConfigError, ModelLoadError, RespecError
 from respec.runner import ModelChoice, parse_model_choices
 
 log = logging.getLogger("respec.app")
+
+#: Seconds without a run step before the background compile goes on with its next shape.
+IDLE_BEFORE_COMPILING_S = 5.0
 
 #: Approximate bf16 footprint (GB) of models this project knows; others are sized from their files.
 KNOWN_MODEL_GB = {"default": 0.3}
@@ -93,6 +101,7 @@ class ModelHub:
         self._load_lock = threading.Lock()
         self._step_lock = threading.Lock()
         self._owner = 0
+        self._last_active = 0.0                # monotonic time of the last run step (wait_idle)
         self.load_error: str | None = None     # why the last load failed (shared: it is the model's state)
         self.per_call_workers = False          # ZeroGPU: each GPU call is a fresh worker (preload sets it)
 
@@ -115,6 +124,7 @@ class ModelHub:
         """Start a run: it owns the target from now on (older runs stop at their next step)."""
         with self._step_lock:
             self._owner += 1
+            self._last_active = time.monotonic()
             return self._owner
 
     def next_step(self, run_id: int, steps_iter):
@@ -122,7 +132,10 @@ class ModelHub:
         with self._step_lock:
             if run_id != self._owner:
                 raise RespecError("this run was superseded by a newer one")
-            return next(steps_iter)
+            try:
+                return next(steps_iter)
+            finally:
+                self._last_active = time.monotonic()
 
     @contextlib.contextmanager
     def exclusive(self):
@@ -130,7 +143,28 @@ class ModelHub:
         and runs started before it stop at their next step."""
         with self._step_lock:
             self._owner += 1
-            yield
+            try:
+                yield
+            finally:
+                self._last_active = time.monotonic()
+
+    def _compile_pause(self, runner) -> None:
+        """The background compile's pause for `runner`: wait_idle, or stop it (an error the compile
+        thread logs) once another model has replaced `runner`."""
+        if self._runner is not runner:
+            raise RespecError("another model was loaded: this model's background compile stops")
+        self.wait_idle()
+
+    def wait_idle(self, idle_s: float = IDLE_BEFORE_COMPILING_S, poll_s: float = 0.5) -> None:
+        """Return once no run has stepped for `idle_s` seconds and none holds the model: where the
+        background compile (RESPEC_COMPILE=on) waits before each shape, so that it competes with
+        requests for the CPU (and Python's GIL) as little as it can. A shape already compiling
+        (tens of seconds on a CPU) is not interrupted."""
+        while True:
+            left = self._last_active + idle_s - time.monotonic()
+            if left <= 0 and not self._step_lock.locked():
+                return
+            time.sleep(max(poll_s, left))
 
     @property
     def loaded(self) -> bool:
@@ -155,7 +189,9 @@ class ModelHub:
                 if compile_setting() == "on":
                     # answers run eagerly until the compiled forward is installed between two steps;
                     # a ZeroGPU worker keeps nothing a background thread builds: compile at load there
-                    self._runner.compile_later(self._step_lock, background=not self.per_call_workers)
+                    self._last_active = time.monotonic()          # the request that loaded it runs next
+                    self._runner.compile_later(self._step_lock, progress=True, background=not self.per_call_workers,
+                                               pause=functools.partial(self._compile_pause, self._runner))
                 log.info("loaded model %s in %.1f s (EAGLE head: %s)", spec, time.perf_counter() - t0,
                          getattr(self._runner, "head_info", "?"))
             return self._runner
@@ -167,6 +203,16 @@ class ModelHub:
         return (f"⚠ **The model could not be loaded**: {self.load_error}  \n"
                 "The explorer is in **replay mode**: open a recorded trace or upload one under "
                 "*Trace files*. Run tries loading the model again.")
+
+    def compile_note(self) -> str:
+        """What the status line adds while RESPEC_COMPILE=on's background compile is not done
+        (Runner.compile_state), "" otherwise."""
+        state = str(getattr(self._runner, "compile_state", "off"))
+        if state == "compiling":
+            return " · eager forward: the compiled one is being built in the background (minutes on a CPU)"
+        if state.startswith("failed"):
+            return " · eager forward: compiling failed (see the server log)"
+        return ""
 
     @property
     def current_spec(self) -> str:

@@ -18,7 +18,7 @@ from respec.drafters import make_drafter
 from respec.drafters.eagle2 import Eagle2Drafter
 from respec.drafters.eagle_head import load_eagle_head, random_head, save_eagle_head
 from respec.engine import Engine
-from respec.errors import ConfigError, ModelLoadError
+from respec.errors import ConfigError, ModelLoadError, RespecError
 from respec import prompting
 from respec.models import compat, devices
 from respec.models.hf import HFTarget
@@ -407,8 +407,51 @@ def test_the_app_compiles_its_models_in_the_background_when_respec_compile_is_on
         monkeypatch.setenv("RESPEC_COMPILE", env)
     runner = hub._default_factory("tiny")
     assert seen == [{}], "the factory loads eagerly; the hub compiles"
-    monkeypatch.setattr(Runner, "compile_later", lambda self, lock, background=True: calls.append((lock, background)))
+    def compile_later(self, lock, progress=False, background=True, pause=None):
+        calls.append((lock, background, pause))
+    monkeypatch.setattr(Runner, "compile_later", compile_later)
     h = hub.ModelHub("tiny", factory=lambda spec: runner, choices=["tiny"])
     h.per_call_workers = zero_gpu
     assert h.runner() is runner
-    assert calls == ([(h._step_lock, not zero_gpu)] if want else [])
+    assert [c[:2] for c in calls] == ([(h._step_lock, not zero_gpu)] if want else [])
+    if want:                 # the pause waits for an idle model, and stops the compile once the model is replaced
+        pause = calls[0][2]
+        pause()
+        h._runner = Runner(llama)
+        with pytest.raises(RespecError, match="another model"):
+            pause()
+        h._runner = runner
+    # the status line says while answers run eagerly because the compiled forward is not there (yet)
+    for state, note in [("compiling", "being built in the background"), ("failed: OSError: x", "compiling failed"),
+                        ("on", ""), ("off", "")]:
+        runner.compile_state = state
+        assert (note in h.compile_note()) if note else h.compile_note() == ""
+
+
+def test_the_background_compile_waits_for_the_model_to_be_idle(llama):
+    """ModelHub.wait_idle (where the background compile pauses before each shape): it returns
+    at once when nothing ran, only `idle_s` after a run's last step, and never while a run holds
+    the model."""
+    import threading
+    import time
+
+    from app import hub
+    h = hub.ModelHub("tiny", factory=lambda spec: Runner(llama), choices=["tiny"])
+    h.wait_idle(idle_s=1.0, poll_s=60)            # nothing ever ran: no wait
+    h.begin_run()
+    t0 = time.monotonic()
+    h.wait_idle(idle_s=0.2, poll_s=0.01)
+    assert time.monotonic() - t0 >= 0.19
+    released = threading.Event()
+
+    def hold():
+        with h.exclusive():
+            time.sleep(0.1)
+            released.set()
+    holder = threading.Thread(target=hold)
+    holder.start()
+    while not h._step_lock.locked() and not released.is_set():
+        time.sleep(0.001)
+    h.wait_idle(idle_s=0.0, poll_s=0.01)
+    assert released.is_set(), "wait_idle returned while a run held the model"
+    holder.join()

@@ -120,13 +120,15 @@ def test_a_background_compile_serves_eagerly_then_installs_the_compiled_target_a
     cfg = EngineConfig().with_overrides({"method": "eagle2", "max_new_tokens": 24})
     ref = run(make_target("llama", dtype=torch.float32), "vanilla", PROMPT, max_new_tokens=24).tokens
     lock = threading.Lock()
-    thread = runner.compile_later(lock)
+    pauses = []
+    thread = runner.compile_later(lock, pause=lambda: pauses.append(1))   # the app passes ModelHub.wait_idle
     assert thread is not None and runner.compile_state == "compiling" and runner.compile_later(lock) is None
     with lock:                                    # a run while the twin compiles: the eager forward
         assert not target.compiled and runner.meta(cfg)["forward"] == "eager"
         assert runner.engine(cfg).generate(PROMPT).tokens == ref
     thread.join(timeout=600)
     assert not thread.is_alive() and runner.compile_state == "on"
+    assert len(pauses) >= 14, "the compile paused before each warm-up shape (and while the run held the lock)"
     assert target.compiled and runner.head._compiled.target is target and runner.meta(cfg)["forward"] == "compiled"
     before = compile_count()
     for _ in range(2):

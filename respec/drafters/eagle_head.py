@@ -129,13 +129,13 @@ class EagleHead(nn.Module):
         self._row_ms = None
         return self._compiled.warm_up(progress=progress)
 
-    def compile_for(self, twin: TargetModel, progress: bool = True):
+    def compile_for(self, twin: TargetModel, progress: bool = True, pause=None):
         """A CompiledHead for `twin` (HFTarget.twin of the target this head serves), warmed up but
         not installed: this head keeps drafting eagerly meanwhile (a background compile; then
-        `adopt_compiled`)."""
+        `adopt_compiled`; `pause`: see CompiledHead.warm_up)."""
         from respec.drafters.head_compile import CompiledHead
         compiled = CompiledHead.of(self, twin)
-        compiled.warm_up(progress=progress)
+        compiled.warm_up(progress=progress, pause=pause)
         return compiled
 
     def adopt_compiled(self, compiled, target: TargetModel) -> None:

@@ -75,8 +75,9 @@ class CompiledHead:
         return self.logits_fn(out.contiguous())
 
     @torch.inference_mode()
-    def warm_up(self, progress: bool = True) -> float:
-        """Run the calls that trigger the compiles (see the module docstring); returns seconds."""
+    def warm_up(self, progress: bool = True, pause=None) -> float:
+        """Run the calls that trigger the compiles (see the module docstring); returns seconds.
+        `pause`, when given, is called before each shape (respec/models/compiled.py warm_up)."""
         from tqdm.auto import tqdm
 
         from respec.models.attention import additive_mask
@@ -106,6 +107,8 @@ class CompiledHead:
                 (INITIAL_CAPACITY, False), (1, False), (3, False), (1, True), (4, True)]
         for q, masked in tqdm(plan, desc="compiling the EAGLE head (once per process)", disable=not progress,
                               unit="shape"):
+            if pause is not None:
+                pause()
             feed(q, masked)
         self.warmed = self.forward_fn.trusted = self.logits_fn.trusted = True
         head.row_ms(target)          # timed now, on the compiled head: a first request does not pay it

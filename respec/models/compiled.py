@@ -26,6 +26,12 @@ Contract:
   return them as `hidden_states` (hooks added after a compile do not run inside its graph), which
   are other graphs: `use_features` warms those up once, the first time.
 - The EAGLE head compiles alongside (respec/drafters/head_compile.py).
+- Nothing is reused from disk by a later process: freezing prepacks the weights as oneDNN
+  (mkldnn) tensors, which inductor's FX graph cache cannot pickle ("mkldnn tensors unpickleable",
+  so every graph bypasses it) and AOTAutograd's cache refuses frozen graphs (torch 2.13); a
+  second process compiled for 472 s against 467 s for the first (2-core Intel Xeon with AMX,
+  session 22). The app therefore compiles in the background while it serves eagerly
+  (respec/runner.py `Runner.compile_later`, on a twin target: `HFTarget.twin`).
 - `warm_up(target)` pays those compiles at load: one-token, chain and branching-tree forwards
   (a tree mask is another graph than a chain's causal mask) after a short prefill, then again
   after a prefill past the slab cache's first capacity (whose growth changes the buffers' shape),
@@ -191,9 +197,10 @@ def compile_count() -> int:
 
 
 @torch.inference_mode()
-def warm_up(target, progress: bool = True) -> float:
+def warm_up(target, progress: bool = True, pause: Callable[[], None] | None = None) -> float:
     """Run the forwards that trigger the compiles (see the module docstring) on `target` (an
-    HFTarget with compiling on) in a throwaway cache; returns the seconds it took."""
+    HFTarget with compiling on) in a throwaway cache; returns the seconds it took. `pause`, when
+    given, is called before each shape (a background compile waits there while requests run)."""
     from tqdm.auto import tqdm
 
     from respec.models.kv import INITIAL_CAPACITY
@@ -215,6 +222,8 @@ def warm_up(target, progress: bool = True) -> float:
         bar = tqdm(plan, desc=f"compiling {target.name}'s forward (once per process)", disable=not progress,
                    unit="shape")
         for kind, n in bar:
+            if pause is not None:
+                pause()
             if kind == "prefill":
                 target.prefill([(7 * i) % vocab for i in range(n)])
             else:

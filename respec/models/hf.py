@@ -182,15 +182,16 @@ class HFTarget:
     def compiled(self) -> bool:
         return self._compiled is not None
 
-    def enable_compile(self, progress: bool = True) -> float:
+    def enable_compile(self, progress: bool = True, pause=None) -> float:
         """Compile the base forward and pay its compiles now (respec/models/compiled.py); returns
-        the warm-up's seconds. Measured verify-cost curves are dropped (they timed the eager forward)."""
+        the warm-up's seconds (`pause`: see compiled.warm_up). Measured verify-cost curves are
+        dropped (they timed the eager forward)."""
         if self._compiled is None:
             self._compiled = compile_base(self._base)
             self._compiled_logits = compile_logits(self)
             self._pad_one = one_row_as_two(self.device, self.dtype)
             self._cost_curves.clear()
-        return warm_up(self, progress=progress)
+        return warm_up(self, progress=progress, pause=pause)
 
     def twin(self) -> "HFTarget":
         """Another target over the same weights, with its own cache and nothing compiled: a
