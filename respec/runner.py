@@ -101,11 +101,9 @@ class Runner:
             self.head = random_head(target, seed=0)
             self.head_info = "random (untrained; lossless but accepts little)"
         # "off" | "on" | "compiling" (compile_later) | "failed: <why>" (serving stays eager)
-        self.compile_state = "on" if getattr(target, "compiled", False) else "off"
+        self.compile_state = "off"
         if getattr(target, "compiled", False):     # pay the head's compiles at load, not in a first request
-            self.head.enable_compile(target)
-            if self.head.feature_layers is not None:   # and the target's graphs that return layer inputs
-                target.use_features(self.head.feature_layers)
+            self._compile_head(progress=True)
 
     def compile_later(self, lock=None, progress: bool = False, background: bool = True,
                       pause: Callable[[], None] | None = None) -> threading.Thread | None:
@@ -131,8 +129,14 @@ class Runner:
 
     def _compile_in_place(self, progress: bool) -> None:
         self.target.enable_compile(progress=progress)
+        self._compile_head(progress)
+
+    def _compile_head(self, progress: bool) -> None:
+        """The head's compiles for the (compiled) target, and the target's graphs that return layer
+        inputs when the head reads them (EAGLE-3)."""
         self.head.enable_compile(self.target, progress=progress)
-        self.target.use_features(self.head.feature_layers)
+        if self.head.feature_layers is not None:
+            self.target.use_features(self.head.feature_layers)
         self.compile_state = "on"
 
     def _compile_twin(self, lock, progress: bool, pause) -> None:
