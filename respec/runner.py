@@ -244,10 +244,11 @@ class Runner:
 def _yield_while_locked(lock, pause: Callable[[], None]):
     """A trace function for the background compile's thread: at each Python call it makes, while
     `lock` is held (a step of a request is running), it calls `pause` (which sleeps, releasing the
-    GIL, until the model is idle). Without it the compile, pure Python for minutes, held the GIL
-    and an eager one-token forward of the default model beside it took seconds instead of 37 ms
-    (2-core Intel Xeon, session 22); with it the compile takes longer (a trivial trace function
-    cost the tiny model's compile 60%)."""
+    GIL, until the model is idle). Without it the compile, pure Python for minutes, holds the GIL:
+    beside it the app's respec answered at 0.7 tok/s, and beside a spinning pure-Python thread an
+    eager one-token forward of the default model took 6,054 ms instead of 36.9 ms (2-core Intel
+    Xeon, session 22, throwaway scripts; BENCHMARKS.md). With it the compile takes longer (a
+    trivial trace function cost the tiny model's compile 60%)."""
     locked = lock.locked
 
     def trace(frame, event, arg):
