@@ -281,7 +281,35 @@ def test_the_depth_cut_stops_growing_a_tree_whose_next_layer_cannot_pay():
     assert not rule(confident + unsure, unsure), "1.5% of a token is not worth 4 ms"
     cm.draft_ms(DEPTH_SOURCE, 0.01)
     cm.draft_ms(DEPTH_SOURCE, 0.01)
-    assert rule(confident + unsure, unsure), "but is worth a layer that costs next to nothing"
+    assert not rule(confident + unsure, unsure), "nor a free layer: its node needs a verify slot (0.5 ms here)"
+    free = CostModel(lambda n: {1: 50.0, 64: 50.0}, max_size=16)      # verifying 64 tokens costs what one does
+    for _ in range(3):
+        free.draft_ms(DEPTH_SOURCE, 0.01)
+    assert d._expand_rule(free, cfg, time.perf_counter())(confident + unsure, unsure), \
+        "but 1.5% of a token is worth a layer that costs next to nothing where its slot is free"
+
+
+def test_the_depth_cut_counts_the_verify_cost_of_the_slots_a_layer_needs():
+    """Where a two-token forward costs 1.4 one-token forwards (bf16 without dot-product
+    instructions), a tree that keeps nothing yet stops instead of growing a layer that could not pay
+    for its slot, though the layer alone is cheap against the frontier's mass; the flat curve grows it."""
+    import time
+    from respec.config import TreeConfig
+    from respec.drafters.eagle2 import DEPTH_SOURCE, Eagle2Drafter, layer_rate_bound
+    from respec.drafters.eagle_head import random_head
+    steep = {1: 32.5, 2: 46.6, 4: 60.0, 8: 80.0, 16: 110.0}
+    weak = [math.log(0.05)] * 4                          # layer 1: nothing worth a slot
+    frontier_mass = 4 * 0.05                             # 0.2 tokens for a 3.4 ms layer: 0.059/ms > plain 0.031/ms
+    assert frontier_mass / 3.4 > 1 / 32.5
+    assert layer_rate_bound([0.05] * 4, frontier_mass, steep, 3.4, 16) < 1 / 32.5, "but no size pays with its slots"
+    assert layer_rate_bound([0.05] * 4, frontier_mass, AMX, 3.4, 16) > 1 / 50.0, "where a slot is free it may"
+    target = make_target("llama", seed=0)
+    cfg = TreeConfig(top_k=4, depth=4, total_tokens=16, auto=True)
+    d = Eagle2Drafter(target, random_head(target), cfg)
+    for curve, grows in ((steep, False), (AMX, True)):
+        cm = CostModel(lambda n, c=curve: dict(c), max_size=16)
+        cm.draft_ms(DEPTH_SOURCE, 3.4)
+        assert d._expand_rule(cm, cfg, time.perf_counter())(weak, weak) is grows
 
 
 def test_the_depth_cut_says_why_in_the_decision_and_can_be_switched_off():
@@ -331,6 +359,17 @@ def test_a_head_that_earns_its_keep_sits_out_no_step_for_a_run_of_unprofitable_d
             assert plan.size == 2 and plan.rate_vs_plain < 1.0
         return d._skip
 
+    def two_kept_nothing(tokens: float, ms: float) -> int:
+        d = Eagle2Drafter(target, random_head(target), TreeConfig(total_tokens=8, depth=2, top_k=2, auto=True))
+        d._earned_tokens, d._earned_ms = tokens, ms
+        hopeless = DraftTree.from_parents([5, 6], [-1, 0], "eagle", scores=[0.0, math.log(0.001)])
+        for _ in range(2):
+            plan = d._plan(hopeless, cm, draft_ms=10.0).auto.plan
+            assert plan.size == 1 and plan.rate_vs_plain == 1.0     # nothing kept: 1.00x, the drafting ignored
+        return d._skip
+
     assert not Eagle2Drafter(target, random_head(target), TreeConfig()).earns_keep(cm), "no drafts yet"
     assert two_misses(30.0, 600.0) == 0, "20 ms per token beats a 50 ms plain step: keep drafting"
     assert two_misses(10.0, 1000.0) == 4, "100 ms per token: sit out 2^2 steps, then probe"
+    assert two_kept_nothing(10.0, 1000.0) == 4, "a draft nothing of which is kept is a miss too"
+    assert two_kept_nothing(30.0, 600.0) == 0, "which a head that earns its keep also sits out no step for"

@@ -30,7 +30,8 @@ from typing import Sequence
 import torch
 
 from respec.config import TreeConfig
-from respec.cost import MIN_GAIN, AutoDecision, CostModel, SizePlan, ancestor_closed_order, plan_size
+from respec.cost import (MIN_GAIN, AutoDecision, CostModel, SizePlan, ancestor_closed_order, interpolate_cost,
+                         plan_size)
 from respec.drafters.base import Decision, DraftContext, Proposal, StepOutcome
 from respec.drafters.probe import bound_hits, check_vocab
 # the search (respec/drafters/eagle_search.py); its names stay importable from here
@@ -51,6 +52,21 @@ def capped_tree_config(cfg: TreeConfig, max_nodes: int) -> TreeConfig:
     if cfg.total_tokens <= max_nodes:
         return cfg
     return dataclasses.replace(cfg, total_tokens=max(1, max_nodes))
+
+
+def layer_rate_bound(probs: Sequence[float], frontier_mass: float, curve, spent_ms: float, max_size: int) -> float:
+    """An upper bound of the tokens per ms of a step whose tree keeps at least one node of the next
+    layer: any verified size s >= 2 holds at most s - 2 of the nodes so far (`probs`: calibrated,
+    descending) plus next-layer nodes worth at most `frontier_mass` in all, and costs verify(s) plus
+    `spent_ms` (drafting so far and the layer itself)."""
+    best, gain = 0.0, 1.0 + frontier_mass
+    for s in range(2, max(2, max_size) + 1):
+        if s > 2:
+            if s - 3 >= len(probs):
+                break
+            gain += max(0.0, min(1.0, float(probs[s - 3])))
+        best = max(best, gain / (interpolate_cost(curve, s) + spent_ms))
+    return best
 
 
 def calibrated(scores: Sequence[float], kappa: float) -> list[float]:
@@ -111,7 +127,8 @@ class Eagle2Drafter:
     With a cost model (`tree.auto`), each tree is cut to the size that pays (respec/cost.py), node
     probabilities being the head's cumulative confidence times its calibration κ (realised accepted
     tokens / predicted, decayed). A head that does not earn its keep is switched off: after two
-    unprofitable drafts in a row, if its drafting steps have on balance run slower than plain steps
+    unprofitable drafts in a row (a draft none of whose nodes is kept counts as one: its drafting
+    was spent for nothing), if its drafting steps have on balance run slower than plain steps
     (tokens committed over drafting + verify ms, decayed by EARN_DECAY per draft, its unprofitable
     drafts included: `earns_keep`), it sits out 2^misses steps (at most MAX_SKIP), queueing features
     at no cost; then a cheap probe (the catch-up alone, whose predictions over the queued positions
@@ -314,10 +331,15 @@ class Eagle2Drafter:
         """The cost model's depth cut: grow another layer only if it could raise the step's
         expected tokens per millisecond. The next layer's nodes are children of the frontier, so
         their calibrated probabilities add up to at most κ·Σ exp(frontier score) (every later
-        layer's to no more); a layer costs the median recent layer time. Another layer can pay
-        only if that bound per layer-millisecond beats the best rate the nodes so far reach (their
-        plan, with the drafting time spent so far); extra verify cost is ignored, so the cut is
-        optimistic: it never stops a layer whose nodes the plan would have wanted."""
+        layer's to no more); a layer costs the median recent layer time. The rate to beat is the
+        best the nodes so far reach (their plan, with the drafting time spent so far). A layer is
+        grown only if both (1) that bound per layer-millisecond beats it, and (2) some verified
+        size holding at least one of the layer's nodes could beat it with that size's verify cost
+        and all drafting counted (`layer_rate_bound`). Both are optimistic for the next layer: the
+        cut never stops a layer whose nodes the plan would have kept. (2) looks one layer ahead
+        only. It matters where a two-token forward costs much more than one (bf16 without its
+        dot-product instructions: 1.43x on a 2-core Intel Xeon, session 23). There, a tree that
+        keeps no node yet stops before its second layer instead of growing layers nothing keeps."""
         curve, kappa = cost.curve(), self.kappa
 
         def expand(scores: Sequence[float], frontier: Sequence[float]) -> bool:
@@ -330,7 +352,9 @@ class Eagle2Drafter:
             spent = (time.perf_counter() - t0) * 1000
             now = plan_size(probs, curve, spent, max_size=cfg.total_tokens)
             bound = kappa * sum(math.exp(sc) for sc in frontier)
-            grow = bound / layer_ms > now.expected_tokens / now.cost_ms
+            rate_now = now.expected_tokens / now.cost_ms
+            grow = (bound / layer_ms > rate_now and
+                    layer_rate_bound(probs, bound, curve, spent + layer_ms, cfg.total_tokens) > rate_now)
             if not grow:
                 self._cut = (bound, layer_ms)
             return grow
@@ -415,7 +439,7 @@ class Eagle2Drafter:
         plan = cost.plan("eagle", [probs[i] for i in order], draft_ms)
         pruned = tree.subtree(order[:plan.size - 1])
         self._drafted_ms = draft_ms
-        if plan.rate_vs_plain < 1.0:
+        if plan.size <= 1 or plan.rate_vs_plain < 1.0:       # a draft nothing of which is kept was spent for nothing
             self._misses += 1
             if self._misses >= 2 and not self.earns_keep(cost):
                 self._skip = min(MAX_SKIP, 2 ** self._misses)
