@@ -54,18 +54,23 @@ def capped_tree_config(cfg: TreeConfig, max_nodes: int) -> TreeConfig:
     return dataclasses.replace(cfg, total_tokens=max(1, max_nodes))
 
 
-def layer_rate_bound(probs: Sequence[float], frontier_mass: float, curve, spent_ms: float, max_size: int) -> float:
-    """An upper bound of the tokens per ms of a step whose tree keeps at least one node of the next
-    layer: any verified size s >= 2 holds at most s - 2 of the nodes so far (`probs`: calibrated,
-    descending) plus next-layer nodes worth at most `frontier_mass` in all, and costs verify(s) plus
-    `spent_ms` (drafting so far and the layer itself)."""
-    best, gain = 0.0, 1.0 + frontier_mass
+def layer_rate_bound(probs: Sequence[float], frontier_mass: float, curve, spent_ms: float, layer_ms: float,
+                     layers_left: int, max_size: int) -> float:
+    """An upper bound of the tokens per ms of a step whose tree keeps nodes of the next layers: a
+    verified size s >= 2 holding nodes of l >= 1 of the next `layers_left` layers holds at least l
+    new nodes, worth at most `frontier_mass` per layer, so at most s - 1 - l of the nodes so far
+    (`probs`: calibrated, descending). It costs verify(s) plus its drafting: `spent_ms` so far plus
+    l layers of `layer_ms`. A chain whose first token is unsure and the rest near-certain (a word's
+    sub-tokens) adds `frontier_mass` per layer: one layer's look-ahead would undervalue it."""
+    top = [0.0]
+    for p in probs:
+        top.append(top[-1] + max(0.0, min(1.0, float(p))))
+    best = 0.0
     for s in range(2, max(2, max_size) + 1):
-        if s > 2:
-            if s - 3 >= len(probs):
-                break
-            gain += max(0.0, min(1.0, float(probs[s - 3])))
-        best = max(best, gain / (interpolate_cost(curve, s) + spent_ms))
+        verify = interpolate_cost(curve, s)
+        for layers in range(1, min(s - 1, max(1, layers_left)) + 1):
+            gain = 1.0 + top[min(s - 1 - layers, len(probs))] + layers * frontier_mass
+            best = max(best, gain / (verify + spent_ms + layers * layer_ms))
     return best
 
 
@@ -127,8 +132,7 @@ class Eagle2Drafter:
     With a cost model (`tree.auto`), each tree is cut to the size that pays (respec/cost.py), node
     probabilities being the head's cumulative confidence times its calibration κ (realised accepted
     tokens / predicted, decayed). A head that does not earn its keep is switched off: after two
-    unprofitable drafts in a row (a draft none of whose nodes is kept counts as one: its drafting
-    was spent for nothing), if its drafting steps have on balance run slower than plain steps
+    unprofitable drafts in a row, if its drafting steps have on balance run slower than plain steps
     (tokens committed over drafting + verify ms, decayed by EARN_DECAY per draft, its unprofitable
     drafts included: `earns_keep`), it sits out 2^misses steps (at most MAX_SKIP), queueing features
     at no cost; then a cheap probe (the catch-up alone, whose predictions over the queued positions
@@ -334,15 +338,19 @@ class Eagle2Drafter:
         layer's to no more); a layer costs the median recent layer time. The rate to beat is the
         best the nodes so far reach (their plan, with the drafting time spent so far). A layer is
         grown only if both (1) that bound per layer-millisecond beats it, and (2) some verified
-        size holding at least one of the layer's nodes could beat it with that size's verify cost
-        and all drafting counted (`layer_rate_bound`). Both are optimistic for the next layer: the
-        cut never stops a layer whose nodes the plan would have kept. (2) looks one layer ahead
-        only. It matters where a two-token forward costs much more than one (bf16 without its
+        size holding nodes of the layers still to grow could beat the step's rate if it stopped
+        now, with every size's verify cost and the drafting counted on both sides
+        (`layer_rate_bound`). Both are optimistic: the cut never stops a layer whose nodes the plan
+        would have kept. (2) matters where a two-token forward costs much more than one (bf16 without its
         dot-product instructions: 1.43x on a 2-core Intel Xeon, session 23). There, a tree that
         keeps no node yet stops before its second layer instead of growing layers nothing keeps."""
         curve, kappa = cost.curve(), self.kappa
 
+        asked = 0                                 # layers asked about so far (one per call)
+
         def expand(scores: Sequence[float], frontier: Sequence[float]) -> bool:
+            nonlocal asked
+            asked += 1
             if timer is not None:
                 timer.flush()                     # the layers timed so far (read back: their events are done)
             layer_ms = cost.draft_ms(DEPTH_SOURCE)
@@ -353,8 +361,11 @@ class Eagle2Drafter:
             now = plan_size(probs, curve, spent, max_size=cfg.total_tokens)
             bound = kappa * sum(math.exp(sc) for sc in frontier)
             rate_now = now.expected_tokens / now.cost_ms
+            # (2): the drafting so far is spent whatever is grown, so it is charged on both sides
+            stop_now = now.expected_tokens / (interpolate_cost(curve, now.size) + spent)
             grow = (bound / layer_ms > rate_now and
-                    layer_rate_bound(probs, bound, curve, spent + layer_ms, cfg.total_tokens) > rate_now)
+                    layer_rate_bound(probs, bound, curve, spent, layer_ms, cfg.depth - asked + 1,
+                                     cfg.total_tokens) > stop_now)
             if not grow:
                 self._cut = (bound, layer_ms)
             return grow
@@ -439,7 +450,7 @@ class Eagle2Drafter:
         plan = cost.plan("eagle", [probs[i] for i in order], draft_ms)
         pruned = tree.subtree(order[:plan.size - 1])
         self._drafted_ms = draft_ms
-        if plan.size <= 1 or plan.rate_vs_plain < 1.0:       # a draft nothing of which is kept was spent for nothing
+        if plan.rate_vs_plain < 1.0:
             self._misses += 1
             if self._misses >= 2 and not self.earns_keep(cost):
                 self._skip = min(MAX_SKIP, 2 ** self._misses)
