@@ -295,19 +295,23 @@ def test_the_depth_cut_counts_the_verify_cost_of_the_slots_a_layer_needs():
     for its slot, though the layer alone is cheap against the frontier's mass; the flat curve grows it."""
     import time
     from respec.config import TreeConfig
+    from respec.cost import interpolate_cost
     from respec.drafters.eagle2 import DEPTH_SOURCE, Eagle2Drafter, layer_rate_bound
     from respec.drafters.eagle_head import random_head
     steep = {1: 32.5, 2: 46.6, 4: 60.0, 8: 80.0, 16: 110.0}
+
+    def upto16(curve):                                   # [size] -> ms, sizes 0..16
+        return [interpolate_cost(curve, n) for n in range(17)]
     weak = [math.log(0.05)] * 4                          # layer 1: nothing worth a slot
     frontier_mass = 4 * 0.05                             # 0.2 tokens for a 3.4 ms layer: 0.059/ms > plain 0.031/ms
     assert frontier_mass / 3.4 > 1 / 32.5
-    assert layer_rate_bound([0.05] * 4, frontier_mass, steep, 0.0, 3.4, 4, 16) < 1 / 32.5, \
+    assert layer_rate_bound([0.05] * 4, frontier_mass, upto16(steep), 0.0, 3.4, 4) < 1 / 32.5, \
         "but no size pays with its slots, even over 4 layers"
-    assert layer_rate_bound([0.05] * 4, frontier_mass, AMX, 0.0, 3.4, 1, 16) > 1 / 50.0, "where a slot is free it may"
+    assert layer_rate_bound([0.05] * 4, frontier_mass, upto16(AMX), 0.0, 3.4, 1) > 1 / 50.0, "where a slot is free it may"
     # a word's first sub-token unsure (0.08), the rest near-certain: each deeper layer adds 0.08 again
     flat_ish = {1: 37.4, 2: 39.3, 4: 40.1, 8: 41.6, 16: 43.2}
-    one = layer_rate_bound([], 0.08, flat_ish, 0.0, 1.8, 1, 16)
-    four = layer_rate_bound([], 0.08, flat_ish, 0.0, 1.8, 4, 16)
+    one = layer_rate_bound([], 0.08, upto16(flat_ish), 0.0, 1.8, 1)
+    four = layer_rate_bound([], 0.08, upto16(flat_ish), 0.0, 1.8, 4)
     assert one < 1 / 37.4 < four, "one layer's look-ahead would cut the chain; four layers' pay"
     target = make_target("llama", seed=0)
     cfg = TreeConfig(top_k=4, depth=4, total_tokens=16, auto=True)

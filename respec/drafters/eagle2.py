@@ -54,23 +54,25 @@ def capped_tree_config(cfg: TreeConfig, max_nodes: int) -> TreeConfig:
     return dataclasses.replace(cfg, total_tokens=max(1, max_nodes))
 
 
-def layer_rate_bound(probs: Sequence[float], frontier_mass: float, curve, spent_ms: float, layer_ms: float,
-                     layers_left: int, max_size: int) -> float:
+def layer_rate_bound(probs: Sequence[float], frontier_mass: float, verify_ms: Sequence[float], spent_ms: float,
+                     layer_ms: float, layers_left: int) -> float:
     """An upper bound of the tokens per ms of a step whose tree keeps nodes of the next layers: a
     verified size s >= 2 holding nodes of l >= 1 of the next `layers_left` layers holds at least l
     new nodes, worth at most `frontier_mass` per layer, so at most s - 1 - l of the nodes so far
-    (`probs`: calibrated, descending). It costs verify(s) plus its drafting: `spent_ms` so far plus
-    l layers of `layer_ms`. A chain whose first token is unsure and the rest near-certain (a word's
+    (`probs`: calibrated, descending). It costs verify(s) (`verify_ms[s]`, for s up to the largest
+    tree) plus its drafting: `spent_ms` so far plus l layers of `layer_ms`. A chain whose first token is unsure and the rest near-certain (a word's
     sub-tokens) adds `frontier_mass` per layer: one layer's look-ahead would undervalue it."""
-    top = [0.0]
-    for p in probs:
-        top.append(top[-1] + max(0.0, min(1.0, float(p))))
+    import numpy as np
+
+    top = np.concatenate([[0.0], np.cumsum(np.clip(np.asarray(probs, dtype=np.float64), 0.0, 1.0))])   # [k + 1]
+    verify = np.asarray(verify_ms, dtype=np.float64)                                                   # [S + 1]
     best = 0.0
-    for s in range(2, max(2, max_size) + 1):
-        verify = interpolate_cost(curve, s)
-        for layers in range(1, min(s - 1, max(1, layers_left)) + 1):
-            gain = 1.0 + top[min(s - 1 - layers, len(probs))] + layers * frontier_mass
-            best = max(best, gain / (verify + spent_ms + layers * layer_ms))
+    for layers in range(1, max(1, layers_left) + 1):
+        sizes = np.arange(layers + 1, len(verify))          # sizes holding `layers` new nodes and s - 1 - layers old
+        if sizes.size == 0:
+            break
+        gain = 1.0 + top[np.minimum(sizes - 1 - layers, len(probs))] + layers * frontier_mass
+        best = max(best, float((gain / (verify[sizes] + spent_ms + layers * layer_ms)).max()))
     return best
 
 
@@ -340,12 +342,14 @@ class Eagle2Drafter:
         grown only if both (1) that bound per layer-millisecond beats it, and (2) some verified
         size holding nodes of the layers still to grow could beat the step's rate if it stopped
         now, with every size's verify cost and the drafting counted on both sides
-        (`layer_rate_bound`). Both are optimistic: the cut never stops a layer whose nodes the plan
-        would have kept. (2) matters where a two-token forward costs much more than one (bf16 without its
-        dot-product instructions: 1.43x on a 2-core Intel Xeon, session 23). There, a tree that
-        keeps no node yet stops before its second layer instead of growing layers nothing keeps."""
+        (`layer_rate_bound`). Both over-estimate what the layers could add (the frontier's mass per
+        layer, each size's verify cost at its measured value), so a layer is cut only if it could not
+        raise the step's expected tokens per millisecond. (2) matters where a two-token forward
+        costs much more than one (bf16 without its dot-product instructions: 1.43x on a 2-core
+        Intel Xeon, session 23). There, a tree that keeps no node yet stops before its second layer
+        instead of growing layers nothing keeps."""
         curve, kappa = cost.curve(), self.kappa
-
+        verify_ms = [interpolate_cost(curve, n) for n in range(max(2, cfg.total_tokens) + 1)]   # [size] -> ms
         asked = 0                                 # layers asked about so far (one per call)
 
         def expand(scores: Sequence[float], frontier: Sequence[float]) -> bool:
@@ -362,10 +366,9 @@ class Eagle2Drafter:
             bound = kappa * sum(math.exp(sc) for sc in frontier)
             rate_now = now.expected_tokens / now.cost_ms
             # (2): the drafting so far is spent whatever is grown, so it is charged on both sides
-            stop_now = now.expected_tokens / (interpolate_cost(curve, now.size) + spent)
+            stop_now = now.expected_tokens / (verify_ms[now.size] + spent)
             grow = (bound / layer_ms > rate_now and
-                    layer_rate_bound(probs, bound, curve, spent, layer_ms, cfg.depth - asked + 1,
-                                     cfg.total_tokens) > stop_now)
+                    layer_rate_bound(probs, bound, verify_ms, spent, layer_ms, cfg.depth - asked + 1) > stop_now)
             if not grow:
                 self._cut = (bound, layer_ms)
             return grow
