@@ -60,8 +60,9 @@ def layer_rate_bound(probs: Sequence[float], frontier_mass: float, verify_ms: Se
     verified size s >= 2 holding nodes of l >= 1 of the next `layers_left` layers holds at least l
     new nodes, worth at most `frontier_mass` per layer, so at most s - 1 - l of the nodes so far
     (`probs`: calibrated, descending). It costs verify(s) (`verify_ms[s]`, for s up to the largest
-    tree) plus its drafting: `spent_ms` so far plus l layers of `layer_ms`. A chain whose first token is unsure and the rest near-certain (a word's
-    sub-tokens) adds `frontier_mass` per layer: one layer's look-ahead would undervalue it."""
+    tree) plus its drafting: `spent_ms` so far plus l layers of `layer_ms`. A chain whose first
+    token is unsure and the rest near-certain (a word's sub-tokens) adds `frontier_mass` per
+    layer: one layer's look-ahead would undervalue it."""
     import numpy as np
 
     top = np.concatenate([[0.0], np.cumsum(np.clip(np.asarray(probs, dtype=np.float64), 0.0, 1.0))])   # [k + 1]
