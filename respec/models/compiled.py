@@ -108,14 +108,37 @@ class Trusted:
         return self.fn(*args, **kwargs)
 
 
+def one_row_options(device: torch.device) -> dict | None:
+    """inductor options for the one-row graphs (the one-token forward, the one-row output layer):
+    on the CPU, `max_autotune` over inductor's C++ GEMM template and ATen, so each linear of a
+    one-row graph is timed both ways at compile time and the faster kept. Set per graph, not
+    globally: at one row the C++ template (a vectorised micro-GEMM streaming the weight) beat the
+    prepacked oneDNN linear on every linear of the default model in bf16 (q/k/v 0.015 against
+    0.083 ms, gate/up 0.042 against 0.064, lm_head 1.09 against 2.37; inductor's autotune log,
+    2-core AMD EPYC Zen 4, session 24), while at 8 rows oneDNN won (q/k/v 0.050 against 0.158),
+    so trees keep it. Each distinct linear shape adds a few seconds of timing to the compile.
+    `RESPEC_ONE_ROW_AUTOTUNE=0` turns it off (None: the plain settings) for A/B measurements."""
+    import os
+
+    if torch.device(device).type != "cpu" or os.environ.get("RESPEC_ONE_ROW_AUTOTUNE", "1") == "0":
+        return None
+    # the timings stay out of the console (a table per linear otherwise)
+    return {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN", "autotune_num_choices_displayed": 0}
+
+
 def one_row_as_two(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether one-row compiled calls should run as two rows, the second dropped: float32 on a CPU
     build with MKL. Under freezing, inductor packs a float32 linear whose row count is a static 1
     for MKL's packed sgemm and one whose row count is symbolic for oneDNN; on the 2-core AMD EPYC
     the one-token float32 forward took 35.5 ms the first way against 22.7 ms for a two-token
     forward (session 21, `HFTarget.verify_cost_curve(context=256)` after `enable_compile`, a
-    throwaway script). bf16 and fp16 linears always go to oneDNN."""
-    return torch.device(device).type == "cpu" and dtype == torch.float32 and bool(torch._C.has_mkl)
+    throwaway script). bf16 and fp16 linears always go to oneDNN. Only without the one-row autotune
+    (`one_row_options` None): with it the C++ template serves float32 one-row linears (q/k/v 0.026
+    against MKL's 0.110 ms), and the unpadded one-token forward took 21.6 ms against 32.4 padded
+    (best of 200 interleaved steps at context 256, two twins in one process, 2-core AMD EPYC Zen 4,
+    session 24)."""
+    return (torch.device(device).type == "cpu" and dtype == torch.float32 and bool(torch._C.has_mkl)
+            and one_row_options(device) is None)
 
 
 def pad_one_token(kwargs: dict) -> dict:
@@ -148,7 +171,8 @@ def compile_base(base: torch.nn.Module) -> Trusted:
     def several(**kwargs):
         return base(**kwargs)
 
-    one = torch.compile(one_token, backend="inductor", dynamic=True)
+    one = torch.compile(one_token, backend="inductor", dynamic=True,
+                        options=one_row_options(next(base.parameters()).device))
     many = torch.compile(several, backend="inductor", dynamic=True)
 
     def forward(**kwargs):
@@ -174,7 +198,7 @@ def compile_logits(target) -> Trusted:
         logits = target.lm_head(hidden).float()
         return logits, number_table(logits, tokens, parents) if fuse else None
 
-    one = torch.compile(one_row, backend="inductor", dynamic=True)
+    one = torch.compile(one_row, backend="inductor", dynamic=True, options=one_row_options(target.device))
     many = torch.compile(rows, backend="inductor", dynamic=True)
     as_two = one_row_as_two(target.device, target.dtype)
 
