@@ -210,7 +210,7 @@ def _add_common(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--dtype", default="auto", help="auto | bfloat16 | float16 | float32")
     sp.add_argument("--compile", default="off", choices=["off", "on"],
                     help="on: the target's forward through torch.compile (inductor), compiled and warmed up at "
-                         "load (three to five minutes on two cores); off (default): eager")
+                         "load (10 to 15 minutes on two cores); off (default): eager")
     sp.add_argument("--head", default=None,
                     help="EAGLE-1/2 or EAGLE-3 head: a checkpoint directory or a Hugging Face Hub id (fetched where the "
                          "Hub is reachable)")

@@ -48,7 +48,7 @@ def test_compiled_logits_equal_eager_for_trees_over_growing_contexts(pair):
     rng = random.Random(0)
     a, b = eager.prefill(PROMPT), compiled.prefill(PROMPT)
     torch.testing.assert_close(b.logits, a.logits, rtol=1e-4, atol=1e-4)
-    for n in (1, 7, 33, 1, 7, 33, 7):
+    for n in (1, 2, 7, 33, 1, 2, 7, 33, 7):
         tree = random_tree(rng, n, eager.vocab_size)
         a, b = eager.forward_tree(tree), compiled.forward_tree(tree)
         torch.testing.assert_close(b.logits, a.logits, rtol=1e-4, atol=1e-4)        # [n, V]

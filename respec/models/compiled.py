@@ -3,9 +3,11 @@
 Contract:
 - `compile_base(base)` returns the base model's forward compiled with inductor and, on the CPU,
   `freezing` (weights become constants of the graph, so bf16 linears run on prepacked oneDNN
-  weights), as two wrappers: one-token steps and multi-token forwards (trees). Both are compiled
-  with dynamic shapes from the start (`dynamic=True`; a one-row dimension stays specialised), so
-  each graph compiles once for any tree size, context length and cache capacity. Left to dynamo's
+  weights), as wrappers: one-token steps, two-token chains (on the CPU, with the autotuned
+  small-row options of `one_row_options`; its rows marked static) and multi-token forwards
+  (trees). All are compiled with dynamic shapes from the start (`dynamic=True`; a one-row
+  dimension stays specialised), so each graph compiles once for any tree size, context length and
+  cache capacity. Left to dynamo's
   automatic dynamic shapes, every new size recompiled the 30-layer graph once more, and a first
   answer on the default model stalled three minutes in such recompiles (tests/test_compile.py
   counts the compiles). Prefills stay eager (HFTarget._forward). The same
@@ -13,14 +15,17 @@ Contract:
 - `compile_logits(target)` compiles the step's output layer the same way: hidden [n, H] -> float32
   logits [n, V] (the lm_head with its frozen, prepacked weight, the softcap, the cast) and, fused
   with them, the step's verification numbers (respec/verify.py `number_table`: top-1, entropy,
-  margin, node ranks and log-probs), one wrapper for one row and one for several. On the default
+  margin, node ranks and log-probs), one wrapper for one row, one for two (with the small-row
+  options) and one for several. On the default
   model the layer is 0.6 ms against 1.9 ms eager for one row (the 49k-row layer is a fifth of the
   model's weight bytes), and the numbers of 16 rows 0.5 ms against ~2 ms eager.
 - float32 on a CPU with MKL (`one_row_as_two`): one-row calls of both run as two rows and drop
   the second (a one-token step as a two-token chain, its extra cache row cropped), because a
   static one-row float32 linear is packed for MKL and a symbolic-row one for oneDNN: one token
-  21.6 ms against 35.5 ms on the default model (2-core AMD EPYC, session 21).
-- Both are `Trusted`: once warmed up, a call evaluates only the guards that tell its graphs apart
+  21.6 ms against 35.5 ms on the default model (2-core AMD EPYC, session 21). Only without the
+  small-row autotune (`RESPEC_ONE_ROW_AUTOTUNE=0`): with it the C++ template serves float32 one-row
+  linears, and the unpadded one-token forward took 21.6 ms against 32.4 padded (session 24).
+- All are `Trusted`: once warmed up, a call evaluates only the guards that tell its graphs apart
   (a saving of about 1 ms per one-token step on the default model); warm-ups check every guard.
 - An EAGLE-3 drafter asks for layer inputs (`HFTarget.use_features`); the compiled steps then
   return them as `hidden_states` (hooks added after a compile do not run inside its graph), which
@@ -40,11 +45,13 @@ Contract:
   attention interface (respec/models/attention.py). Compiled and eager forwards may round
   differently in bf16 (greedy outputs stay equal to compiled vanilla under the engine's tie rule);
   in float32 they agree to float rounding.
-Measured on the default model (2-core AMD EPYC, bf16, `scripts/verify_cost.py --context 256
---reps 5 --compile both`, session 21): one-token forward 12.3 ms compiled against 23.8 ms eager, 16
-tokens 17.4 against 34.0 (BENCHMARKS.md); the warm-up's compiles took 7.5 minutes on two cores. On a
-2-core Intel Xeon with AMX (session 22): 20.2 against 37.4 ms, 16 tokens 24.3 against 43.2. Nothing
-is compiled at import.
+Measured on the default model (bf16, `scripts/verify_cost.py --context 256 --reps 5 --compile
+both`, BENCHMARKS.md): 2-core AMD EPYC Zen 5 (session 21, before the small-row autotune): one token
+12.3 ms compiled against 23.8 ms eager, 16 tokens 17.4 against 34.0, warm-up 7.5 minutes; 2-core
+Intel Xeon with AMX (session 22): 20.2 against 37.4, 16 tokens 24.3 against 43.2; 2-core AMD EPYC
+Zen 4 (session 24, with the small-row autotune): one token 14.1 against 39.7, 16 tokens 36.9
+against 63.9 (warm-up 9.6 minutes), and with the two-row graphs two tokens 19.2 against 37.6
+where the run before gave 25.2 against 42.6 (warm-up 14 minutes). Nothing is compiled at import.
 """
 from __future__ import annotations
 
@@ -109,15 +116,21 @@ class Trusted:
 
 
 def one_row_options(device: torch.device) -> dict | None:
-    """inductor options for the one-row graphs (the one-token forward, the one-row output layer):
-    on the CPU, `max_autotune` over inductor's C++ GEMM template and ATen, so each linear of a
-    one-row graph is timed both ways at compile time and the faster kept. Set per graph, not
-    globally: at one row the C++ template (a vectorised micro-GEMM streaming the weight) beat the
-    prepacked oneDNN linear on every linear of the default model in bf16 (q/k/v 0.015 against
-    0.083 ms, gate/up 0.042 against 0.064, lm_head 1.09 against 2.37; inductor's autotune log,
-    2-core AMD EPYC Zen 4, session 24), while at 8 rows oneDNN won (q/k/v 0.050 against 0.158),
-    so trees keep it. Each distinct linear shape adds a few seconds of timing to the compile.
-    `RESPEC_ONE_ROW_AUTOTUNE=0` turns it off (None: the plain settings) for A/B measurements."""
+    """inductor options for the static small-row graphs (the one-token forward, the one-row output
+    layer, and with these options also a two-token chain's forward and a two-row output layer):
+    on the CPU, `max_autotune` over inductor's C++ GEMM template and ATen, so each linear of such a
+    graph is timed both ways at compile time and the faster kept. Set per graph, not globally: at
+    one row the C++ template (a vectorised micro-GEMM streaming the weight) beat the prepacked
+    oneDNN linear on every linear of the default model in bf16 (q/k/v 0.015 against 0.083 ms,
+    gate/up 0.042 against 0.064, lm_head 1.09 against 2.37; inductor's autotune log, 2-core AMD
+    EPYC Zen 4, session 24), and at a static two rows the default model's 121 linears took 5.6-6.6
+    ms against oneDNN's 15.4 (a throwaway benchmark of the same shapes over distinct weights),
+    while at 8 rows oneDNN won (q/k/v 0.050 against 0.158). Trees of 3 rows and more keep oneDNN
+    in one graph with a symbolic row count: autotuning that graph times the linears at the row
+    count of its first call and keeps the choice for every size (first called with 3 rows, the
+    121 linears took 236 ms at 64 rows against oneDNN's 49-54). Each distinct linear shape adds a
+    few seconds of timing to the compile. `RESPEC_ONE_ROW_AUTOTUNE=0` turns it off (None: the
+    plain settings, no two-row graphs) for A/B measurements."""
     import os
 
     if torch.device(device).type != "cpu" or os.environ.get("RESPEC_ONE_ROW_AUTOTUNE", "1") == "0":
@@ -171,12 +184,25 @@ def compile_base(base: torch.nn.Module) -> Trusted:
     def several(**kwargs):
         return base(**kwargs)
 
-    one = torch.compile(one_token, backend="inductor", dynamic=True,
-                        options=one_row_options(next(base.parameters()).device))
+    def two_tokens(**kwargs):
+        return base(**kwargs)
+
+    options = one_row_options(next(base.parameters()).device)
+    one = torch.compile(one_token, backend="inductor", dynamic=True, options=options)
+    # two-token chains (a root and one draft token) get a static graph of their own when the small-row
+    # graphs are autotuned: see `one_row_options`
+    two = None if options is None else torch.compile(two_tokens, backend="inductor", dynamic=True, options=options)
     many = torch.compile(several, backend="inductor", dynamic=True)
 
     def forward(**kwargs):
-        return (one if kwargs["input_ids"].shape[1] == 1 else many)(**kwargs)
+        rows = kwargs["input_ids"].shape[1]
+        if rows == 1:
+            return one(**kwargs)
+        if rows == 2 and two is not None and kwargs.get("attention_mask") is None:
+            torch._dynamo.mark_static(kwargs["input_ids"], 1)           # [1, 2]: the rows stay a static 2
+            torch._dynamo.mark_static(kwargs["position_ids"], 1)        # [1, 2]
+            return two(**kwargs)
+        return many(**kwargs)
 
     return Trusted(forward)
 
@@ -198,11 +224,21 @@ def compile_logits(target) -> Trusted:
         logits = target.lm_head(hidden).float()
         return logits, number_table(logits, tokens, parents) if fuse else None
 
-    one = torch.compile(one_row, backend="inductor", dynamic=True, options=one_row_options(target.device))
+    def two_rows(hidden, tokens, parents):
+        logits = target.lm_head(hidden).float()
+        return logits, number_table(logits, tokens, parents) if fuse else None
+
+    options = one_row_options(target.device)
+    one = torch.compile(one_row, backend="inductor", dynamic=True, options=options)
+    two = None if options is None else torch.compile(two_rows, backend="inductor", dynamic=True, options=options)
     many = torch.compile(rows, backend="inductor", dynamic=True)
     as_two = one_row_as_two(target.device, target.dtype)
 
     def logits(hidden: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor):
+        if hidden.shape[0] == 2 and two is not None:
+            for t in (hidden, tokens, parents):                       # [2, H], [2], [2]: a static 2
+                torch._dynamo.mark_static(t, 0)
+            return two(hidden, tokens, parents)
         if hidden.shape[0] > 1:
             return many(hidden, tokens, parents)
         if not as_two:
@@ -242,7 +278,8 @@ def warm_up(target, progress: bool = True, pause: Callable[[], None] | None = No
     # chains (the model's causal mask) and branching trees (an explicit tree mask) are separate
     # graphs: both are compiled, at two sizes each, before and after the growth
     plan = [("prefill", 24), ("chain", 1), ("chain", 1), ("chain", 1), ("chain", 3), ("chain", 5), ("chain", 2),
-            ("tree", 3), ("tree", 6), ("tree", 4), ("prefill", long), ("chain", 1), ("chain", 4), ("tree", 5)]
+            ("tree", 3), ("tree", 6), ("tree", 4), ("prefill", long), ("chain", 1), ("chain", 2), ("chain", 4),
+            ("tree", 5)]
     with target.scratch_cache():
         bar = tqdm(plan, desc=f"compiling {target.name}'s forward (once per process)", disable=not progress,
                    unit="shape")
