@@ -372,3 +372,38 @@ def test_a_head_that_earns_its_keep_sits_out_no_step_for_a_run_of_unprofitable_d
     assert not Eagle2Drafter(target, random_head(target), TreeConfig()).earns_keep(cm), "no drafts yet"
     assert two_misses(30.0, 600.0) == 0, "20 ms per token beats a 50 ms plain step: keep drafting"
     assert two_misses(10.0, 1000.0) == 4, "100 ms per token: sit out 2^2 steps, then probe"
+
+
+def test_a_draft_far_below_a_plain_step_counts_twice_and_a_long_catch_up_is_not_charged_to_it():
+    """A draft at under FAR_SHORT of a plain step's rate backs a head without earnings off after
+    one draft; feeding a queue longer than one step commits (here the prompt, made slow) is paid
+    once whatever is drafted, so the first tree's plan is charged its growth only."""
+    import time as _time
+    from respec.config import TreeConfig
+    from respec.drafters.eagle2 import FAR_SHORT, Eagle2Drafter
+    from respec.drafters.eagle_head import random_head
+    target = make_target("llama", seed=0)
+    cm = CostModel(lambda n: dict(AMX), max_size=8)                  # a plain step: 50 ms
+    far = DraftTree.from_parents([5, 6], [-1, 0], "eagle", scores=[0.0, math.log(0.5)])
+    d = Eagle2Drafter(target, random_head(target), TreeConfig(total_tokens=8, depth=2, top_k=2, auto=True))
+    plan = d._plan(far, cm, draft_ms=80.0).auto.plan                 # 1.5 tokens per 130 ms: 0.58x
+    assert plan.rate_vs_plain < FAR_SHORT and d._skip == 4, "one far-short draft: two misses, off for 4 steps"
+    prompt = list(range(3, 40))
+    d2 = Eagle2Drafter(target, random_head(target), TreeConfig(total_tokens=4, depth=2, top_k=2, auto=True))
+    d2.reset(prompt, target.prefill(prompt).hidden)
+    d2._probing = False
+    fed = d2.catch_up
+
+    def slow_catch_up(*args, **kwargs):
+        _time.sleep(0.3)
+        return fed(*args, **kwargs)
+    d2.catch_up = slow_catch_up
+    t0 = _time.perf_counter()
+    draft = d2.draft_tree(prompt, 7, cost=cm)
+    took = (_time.perf_counter() - t0) * 1000
+    charged = draft.auto.plan.cost_ms - interpolate_cost(cm.curve(), draft.auto.plan.size) if draft.auto.plan.size > 1 \
+        else None
+    assert took >= 300.0
+    if charged is not None:                                          # a tree was kept: its charge shows
+        assert charged < 150.0, (charged, took)
+    assert d2._drafted_ms is not None and d2._drafted_ms < took - 150.0, "the 300 ms catch-up is not the draft's"

@@ -116,6 +116,7 @@ PROBE_ROWS = 16    # catch-up rows whose head predictions are checked against th
 MAX_SKIP = 64      # longest stretch of steps the head sits out before the next probe
 SCRATCH_WINDOW = 64  # a probe over a longer queue checks the head on this many last positions first
 EARN_DECAY = 0.97   # per drafting step: the head's earnings are judged over its last ~30 drafts
+FAR_SHORT = 0.75   # a draft below this rate vs plain steps backs the head off twice as fast
 DEPTH_SOURCE = "eagle layer"   # the cost model's record of one tree layer's drafting time
 
 
@@ -137,13 +138,17 @@ class Eagle2Drafter:
     tokens / predicted, decayed). A head that does not earn its keep is switched off: after two
     unprofitable drafts in a row, if its drafting steps have on balance run slower than plain steps
     (tokens committed over drafting + verify ms, decayed by EARN_DECAY per draft, its unprofitable
-    drafts included: `earns_keep`), it sits out 2^misses steps (at most MAX_SKIP), queueing features
+    drafts included: `earns_keep`), it sits out 2^misses steps (at most MAX_SKIP; a draft below
+    FAR_SHORT of a plain step's rate counts as two misses), queueing features
     at no cost; then a cheap probe (the catch-up alone, whose predictions over the queued positions
     are checked against the committed tokens: first an upper bound over a few hundred output rows,
     respec/drafters/probe.py, the whole output layer only where that bound could pay) decides
     whether even a one-token draft would pay before any tree is grown (such a draft is charged one
     head row, never the probe's own catch-up, which is paid once). A request starts with such a
-    probe, so a random head never drafts;
+    probe, so a random head never drafts. A draft is judged without the feeding of a queue longer
+    than one step commits (the prompt, a sit-out's features: paid once, whatever is drafted; one
+    head row stands in for it), else every request's first tree counted the prompt's catch-up
+    against drafting (22.9 ms of a 12 ms step on the compiled default model, session 25);
     over a long queue (the prompt, or many steps off) the probe first runs the head on the last
     SCRATCH_WINDOW positions only, in a throwaway cache: a head that matches none of them stays
     off with the queue unfed; any other is fed the whole queue and judged with its full context."""
@@ -299,7 +304,8 @@ class Eagle2Drafter:
         if not self._pending and self.kv_len == 0:
             raise RuntimeError("EAGLE drafter used before reset")
         probing = cost is not None and self._probing
-        if probing and sum(p.shape[0] for p in self._pending) > SCRATCH_WINDOW:
+        queued = sum(p.shape[0] for p in self._pending)
+        if probing and queued > SCRATCH_WINDOW:
             # a long queue (a prompt, or many steps with the head off): judge the head on its tail
             # first, and feed the whole queue only if it is worth drafting with
             self.scratch_check(committed, root)
@@ -314,6 +320,9 @@ class Eagle2Drafter:
             if refusal is not None:
                 return EagleDraft(DraftTree.root_only(root), refusal)
         self._probing = False
+        # a queue longer than one step commits (the prompt, a sit-out) is fed once whatever is
+        # drafted: the plan is charged the tree's growth and one head row in its place
+        t_tree = time.perf_counter() if queued > cfg.depth + 1 else None
         stable = self.kv_len
         step_fn, expand = self._step_fn(stable), None
         self._cut = None
@@ -331,7 +340,10 @@ class Eagle2Drafter:
                 self.cache.crop(-added)      # the draft tree's KV is scratch: keep the context only
         if cost is None:
             return EagleDraft(tree)
-        return self._plan(tree, cost, (time.perf_counter() - t0) * 1000)
+        now = time.perf_counter()
+        charged = ((now - t0) * 1000 if t_tree is None else
+                   (now - t_tree) * 1000 + (cost.draft_ms(DEPTH_SOURCE) or self.head.row_ms(self.target)))
+        return self._plan(tree, cost, charged)
 
     def _expand_rule(self, cost: CostModel, cfg: TreeConfig, t0: float,
                      timer: "_LayerTimer | None" = None) -> ExpandRule:
@@ -455,7 +467,8 @@ class Eagle2Drafter:
         pruned = tree.subtree(order[:plan.size - 1])
         self._drafted_ms = draft_ms
         if plan.rate_vs_plain < 1.0:
-            self._misses += 1
+            # a draft that ran at under FAR_SHORT of a plain step's rate counts as two misses
+            self._misses += 2 if plan.rate_vs_plain < FAR_SHORT else 1
             if self._misses >= 2 and not self.earns_keep(cost):
                 self._skip = min(MAX_SKIP, 2 ** self._misses)
                 self._probing = True
