@@ -304,8 +304,8 @@ class Eagle2Drafter:
         if not self._pending and self.kv_len == 0:
             raise RuntimeError("EAGLE drafter used before reset")
         probing = cost is not None and self._probing
-        queued = sum(p.shape[0] for p in self._pending)
-        if probing and queued > SCRATCH_WINDOW:
+        fed_from = self.kv_len
+        if probing and sum(p.shape[0] for p in self._pending) > SCRATCH_WINDOW:
             # a long queue (a prompt, or many steps with the head off): judge the head on its tail
             # first, and feed the whole queue only if it is worth drafting with
             self.scratch_check(committed, root)
@@ -322,7 +322,7 @@ class Eagle2Drafter:
         self._probing = False
         # a queue longer than one step commits (the prompt, a sit-out) is fed once whatever is
         # drafted: the plan is charged the tree's growth and one head row in its place
-        t_tree = time.perf_counter() if queued > cfg.depth + 1 else None
+        t_tree = time.perf_counter() if self.kv_len - fed_from > cfg.depth + 1 else None
         stable = self.kv_len
         step_fn, expand = self._step_fn(stable), None
         self._cut = None
