@@ -155,3 +155,37 @@ def test_a_one_token_step_run_as_two_rows_equals_the_one_row_graph(pair):
         torch.testing.assert_close(a.logits, b.logits, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(a.hidden, b.hidden, rtol=1e-4, atol=1e-4)
         assert read_number_table(a.numbers).top1 == read_number_table(b.numbers).top1
+
+
+def test_trees_padded_to_a_static_bucket_equal_the_unpadded_forward(monkeypatch):
+    """`RESPEC_PAD_ROWS=8` (compiled.tree_bucket, forced on a float32 tiny model): forwards of 3-8
+    rows run padded to 8 through the bucket's static graph and larger ones through the symbolic
+    graph; chains and branching trees alike give the eager logits, hidden states and numbers,
+    the cache holds only the real rows, and nothing compiles after the warm-up."""
+    monkeypatch.setenv("RESPEC_PAD_ROWS", "8")
+    eager = make_target("llama", dtype=torch.float32)
+    compiled = make_target("llama", dtype=torch.float32)
+    compiled.enable_compile(progress=False)
+    assert compiled._bucket == 8
+    rng = random.Random(4)
+    eager.prefill(PROMPT)
+    compiled.prefill(PROMPT)
+    before = compile_count()
+    for n, chain in ((3, True), (5, False), (8, False), (1, True), (8, True), (4, False), (12, False), (2, True),
+                     (6, True), (7, False), (20, True), (3, False)):
+        tree = (DraftTree.chain(rng.randrange(3, 60), [rng.randrange(3, 60) for _ in range(n - 1)], "eagle")
+                if chain else random_tree(rng, n, eager.vocab_size))
+        a, b = eager.forward_tree(tree), compiled.forward_tree(tree)
+        assert b.logits.shape == a.logits.shape == (n, eager.vocab_size)
+        torch.testing.assert_close(b.logits, a.logits, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(b.hidden, a.hidden, rtol=1e-4, atol=1e-4)
+        assert read_number_table(b.numbers).top1 == read_numbers(tree, b.logits).top1
+        assert compiled.cache.get_seq_length() == eager.cache.get_seq_length()     # no padded row left behind
+        path = kept_path(tree, rng)
+        eager.keep(path)
+        compiled.keep(path)
+        assert eager.kv_len == compiled.kv_len
+    assert compile_count() == before
+    out = run(compiled, "vanilla", PROMPT, max_new_tokens=30)
+    drafter = OracleDrafter(out.tokens, len(PROMPT), "partial", compiled.vocab_size, seed=5)
+    assert run(compiled, "eagle2", PROMPT, drafter=drafter, max_new_tokens=30).tokens == out.tokens

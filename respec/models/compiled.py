@@ -5,7 +5,10 @@ Contract:
   `freezing` (weights become constants of the graph, so bf16 linears run on prepacked oneDNN
   weights), as wrappers: one-token steps, two-token chains (on the CPU, with the autotuned
   small-row options of `one_row_options`; its rows marked static) and multi-token forwards
-  (trees). All are compiled with dynamic shapes from the start (`dynamic=True`; a one-row
+  (trees); on a CPU with AMX in bf16, trees and chains of 3 to 16 rows are padded to a static
+  16-row graph with the same options (`tree_bucket`, `pad_rows`: the extra rows see only the
+  prefix and themselves and leave the cache after the call), and the symbolic-row graph serves
+  larger ones. All are compiled with dynamic shapes from the start (`dynamic=True`; a one-row
   dimension stays specialised), so each graph compiles once for any tree size, context length and
   cache capacity. Left to dynamo's
   automatic dynamic shapes, every new size recompiled the 30-layer graph once more, and a first
@@ -162,6 +165,68 @@ def pad_one_token(kwargs: dict) -> dict:
     return dict(kwargs, input_ids=torch.cat([ids, ids], dim=1), position_ids=torch.cat([pos, pos + 1], dim=1))
 
 
+def tree_bucket(device: torch.device, dtype: torch.dtype) -> int | None:
+    """The static row count that compiled forwards of 3 to that many rows are padded to (one graph,
+    its linears autotuned like the small-row graphs, `one_row_options`), or None: the symbolic-row
+    graph serves them. On by default on a CPU whose oneDNN may use AMX, in bfloat16: there
+    inductor's AMX micro-GEMM template beats the prepacked oneDNN linear at a handful of rows, and a
+    static 16-row graph's linears cost about what a static 2-row one's do (a throwaway benchmark of
+    the default model's 210 linears, 30 layers over distinct weights, 2-core Intel Xeon with AMX,
+    session 26: 9.6 ms static at 4 or 16 rows against 13.5 ms symbolic at 4 rows and 14.2 at 16;
+    8.6 static at 2 rows), so padding a 4-token tree to 16 rows still saves ~4 ms. Without AMX the
+    template gained nothing at 3-8 rows (session 24/25) and padding would only add rows.
+    `RESPEC_PAD_ROWS=0` turns it off, `RESPEC_PAD_ROWS=N` forces N rows (any device and dtype, for
+    A/B runs and tests); `ONEDNN_MAX_CPU_ISA` naming an ISA below AMX (e.g. AVX512_CORE) turns the
+    default off, since it stands in for a CPU without AMX."""
+    import os
+
+    forced = os.environ.get("RESPEC_PAD_ROWS", "").strip()
+    if forced:
+        rows = int(forced)
+        return rows if rows >= 3 else None
+    if torch.device(device).type != "cpu" or dtype != torch.bfloat16 or one_row_options(device) is None:
+        return None
+    isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
+    if isa and "AMX" not in isa and isa not in ("ALL", "DEFAULT"):
+        return None
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return 16 if amx is not None and amx() else None
+
+
+def pad_rows(kwargs: dict, rows: int, past: int, dtype: torch.dtype) -> dict:
+    """A forward's keywords for n rows (3 <= n <= rows; a chain without a mask, or a tree with its
+    additive mask [1, 1, n, past + n]) as those of `rows` rows: the extra rows repeat the last
+    token and position and attend to the cached prefix and themselves only, and no real row
+    attends to them, so the first n rows' outputs are the unpadded forward's (up to the graph's
+    rounding). Always with a mask: [1, 1, rows, past + rows]. The caller crops the extra cache
+    rows after the call and cuts the outputs back (`first_rows`)."""
+    ids, pos, mask = kwargs["input_ids"], kwargs["position_ids"], kwargs.get("attention_mask")   # [1, n] each
+    n = ids.shape[1]
+    extra = rows - n
+    low = torch.finfo(dtype).min
+    full = torch.full((rows, past + rows), low, dtype=dtype, device=ids.device)              # [rows, past+rows]
+    full[:, :past] = 0
+    if mask is None:                       # a chain: the causal mask over its own rows
+        full[:n, past:past + n].masked_fill_(
+            ~torch.ones(n, n, dtype=torch.bool, device=ids.device).triu(1), 0)
+    else:
+        full[:n, :past + n] = mask[0, 0]
+    idx = torch.arange(n, rows, device=ids.device)
+    full[idx, past + idx] = 0              # each extra row sees itself
+    return dict(kwargs, input_ids=torch.cat([ids, ids[:, -1:].expand(1, extra)], dim=1),
+                position_ids=torch.cat([pos, pos[:, -1:].expand(1, extra)], dim=1),
+                attention_mask=full[None, None])
+
+
+def first_rows(out, n: int):
+    """A model output of a padded call cut back to its first n rows (last_hidden_state [1, n, H]
+    and each of hidden_states, when returned)."""
+    out.last_hidden_state = out.last_hidden_state[:, :n]
+    if getattr(out, "hidden_states", None) is not None:
+        out.hidden_states = tuple(h[:, :n] for h in out.hidden_states)
+    return out
+
+
 def first_row(out):
     """A model output of a padded call cut back to its first row (last_hidden_state [1, 1, H] and
     each of hidden_states, when returned)."""
@@ -171,11 +236,12 @@ def first_row(out):
     return out
 
 
-def compile_base(base: torch.nn.Module) -> Trusted:
+def compile_base(base: torch.nn.Module, bucket: int | None = None) -> Trusted:
     """The base model's forward compiled (see the module docstring). One-token steps and
     multi-token forwards (trees) go through two separately compiled wrappers, so the one-token
     graph keeps its single query row static (specialised kernels) while the other's row count is
-    symbolic."""
+    symbolic. `bucket` (`tree_bucket`): masked forwards of exactly that many rows (the caller pads
+    to it, `pad_rows`) get a static graph of their own with the small-row options."""
     compile_base_settings(next(base.parameters()).device)
 
     def one_token(**kwargs):
@@ -187,17 +253,27 @@ def compile_base(base: torch.nn.Module) -> Trusted:
     def two_tokens(**kwargs):
         return base(**kwargs)
 
+    def bucket_rows(**kwargs):
+        return base(**kwargs)
+
     options = one_row_options(next(base.parameters()).device)
     one = torch.compile(one_token, backend="inductor", dynamic=True, options=options)
     # two-token chains (a root and one draft token) get a static graph of their own when the small-row
     # graphs are autotuned: see `one_row_options`
     two = None if options is None else torch.compile(two_tokens, backend="inductor", dynamic=True, options=options)
     many = torch.compile(several, backend="inductor", dynamic=True)
+    padded = None if bucket is None else torch.compile(bucket_rows, backend="inductor", dynamic=True,
+                                                       options=options or None)
 
     def forward(**kwargs):
         rows = kwargs["input_ids"].shape[1]
         if rows == 1:
             return one(**kwargs)
+        if rows == bucket and padded is not None and kwargs.get("attention_mask") is not None:
+            torch._dynamo.mark_static(kwargs["input_ids"], 1)           # [1, bucket]
+            torch._dynamo.mark_static(kwargs["position_ids"], 1)        # [1, bucket]
+            torch._dynamo.mark_static(kwargs["attention_mask"], 2)      # [1, 1, bucket, past + bucket]
+            return padded(**kwargs)
         if rows == 2 and two is not None and kwargs.get("attention_mask") is None:
             torch._dynamo.mark_static(kwargs["input_ids"], 1)           # [1, 2]: the rows stay a static 2
             torch._dynamo.mark_static(kwargs["position_ids"], 1)        # [1, 2]
@@ -277,9 +353,15 @@ def warm_up(target, progress: bool = True, pause: Callable[[], None] | None = No
     long = min(INITIAL_CAPACITY + 16, max(48, target.context_length // 2))
     # chains (the model's causal mask) and branching trees (an explicit tree mask) are separate
     # graphs: both are compiled, at two sizes each, before and after the growth
-    plan = [("prefill", 24), ("chain", 1), ("chain", 1), ("chain", 1), ("chain", 3), ("chain", 5), ("chain", 2),
-            ("tree", 3), ("tree", 6), ("tree", 4), ("prefill", long), ("chain", 1), ("chain", 2), ("chain", 4),
-            ("tree", 5)]
+    # with a bucket (`tree_bucket`), 3..bucket rows are the padded static graph and the symbolic-row
+    # graphs serve larger trees only: their shapes move above the bucket, and the padded graph warms
+    # up at a chain and a tree size on each side of the growth
+    up = target._bucket or 0
+    plan = [("prefill", 24), ("chain", 1), ("chain", 1), ("chain", 1), ("chain", 3 + up), ("chain", 5 + up),
+            ("chain", 2), ("tree", 3 + up), ("tree", 6 + up), ("tree", 4 + up)]
+    plan += [("chain", 3), ("tree", 4)] if up else []
+    plan += [("prefill", long), ("chain", 1), ("chain", 2), ("chain", 4 + up), ("tree", 5 + up)]
+    plan += [("tree", 3), ("chain", 5)] if up else []
     with target.scratch_cache():
         bar = tqdm(plan, desc=f"compiling {target.name}'s forward (once per process)", disable=not progress,
                    unit="shape")

@@ -31,7 +31,8 @@ from transformers import DynamicCache
 
 from respec.models.base import TargetOutput
 from respec.models.compat import cache_kwarg, check_placement, check_transformers, cuda_devices
-from respec.models.compiled import compile_base, compile_logits, first_row, one_row_as_two, pad_one_token, warm_up
+from respec.models.compiled import (compile_base, compile_logits, first_row, first_rows, one_row_as_two, pad_one_token,
+                                    pad_rows, tree_bucket, warm_up)
 from respec.models.attention import additive_mask, use_tree_attention
 from respec.models.kv import reserve, slab_cache
 from respec.transfer import barrier, upload, upload_parts
@@ -73,6 +74,7 @@ class HFTarget:
         self._compiled_logits = None                          # compiled output layer + cast (enable_compile)
         self._feature_graphs = False                          # compiled graphs returning layer inputs warmed up
         self._pad_one = False                                 # compiled one-token steps run as two rows
+        self._bucket = None                                   # compiled 3..bucket-row forwards padded to it
 
     # ------------------------------------------------------------------ properties
     @property
@@ -162,12 +164,17 @@ class HFTarget:
         vanilla's included; prefills stay eager), with the cache's slabs grown beforehand so that
         no growth happens inside the graph."""
         self._captured.clear()
-        forward, padded = self._base, False
+        forward, padded, extra = self._base, False, -1
         if compiled and self._compiled is not None:
             # float32 with MKL: a one-token step runs as a two-token chain (compiled.one_row_as_two)
-            padded = self._pad_one and kwargs["input_ids"].shape[1] == 1 and kwargs.get("attention_mask") is None
+            rows = int(kwargs["input_ids"].shape[1])
+            padded = self._pad_one and rows == 1 and kwargs.get("attention_mask") is None
             if padded:
                 kwargs = pad_one_token(kwargs)
+            # trees of 3..bucket rows run as the bucket's static graph (compiled.tree_bucket)
+            if self._bucket is not None and 3 <= rows <= self._bucket:
+                extra = self._bucket - rows
+                kwargs = pad_rows(kwargs, self._bucket, self.kv_len, self.dtype)
             reserve(self.cache, int(kwargs["input_ids"].shape[1]))
             forward = self._compiled
             if self.feature_layers is not None:   # a compiled graph runs no hooks added after it: ask for outputs
@@ -176,6 +183,10 @@ class HFTarget:
         if padded:
             self.cache.crop(-1)
             out = first_row(out)
+        elif extra >= 0:                     # padded to the bucket: its extra rows leave the cache
+            if extra:
+                self.cache.crop(-extra)
+            out = first_rows(out, rows)
         return out
 
     @property
@@ -187,7 +198,8 @@ class HFTarget:
         the warm-up's seconds (`pause`: see compiled.warm_up). Measured verify-cost curves are
         dropped (they timed the eager forward)."""
         if self._compiled is None:
-            self._compiled = compile_base(self._base)
+            self._bucket = tree_bucket(self.device, self.dtype)
+            self._compiled = compile_base(self._base, self._bucket)
             self._compiled_logits = compile_logits(self)
             self._pad_one = one_row_as_two(self.device, self.dtype)
             self._cost_curves.clear()
@@ -209,6 +221,7 @@ class HFTarget:
         if twin.model is not self.model or not twin.compiled:
             raise ValueError("adopt_compiled takes a compiled twin of this target (HFTarget.twin, enable_compile)")
         self._pad_one = twin._pad_one
+        self._bucket = twin._bucket
         self._compiled_logits = twin._compiled_logits
         self._compiled = twin._compiled
         self._cost_curves.clear()
