@@ -66,6 +66,8 @@ from typing import Callable
 
 import torch
 
+from respec.models.attention import additive_mask
+
 COMPILE_CHOICES = ("off", "on")
 
 
@@ -205,19 +207,14 @@ def pad_rows(kwargs: dict, rows: int, past: int, dtype: torch.dtype) -> dict:
     ids, pos, mask = kwargs["input_ids"], kwargs["position_ids"], kwargs.get("attention_mask")   # [1, n] each
     n = ids.shape[1]
     extra = rows - n
-    low = torch.finfo(dtype).min
-    full = torch.full((rows, past + rows), low, dtype=dtype, device=ids.device)              # [rows, past+rows]
-    full[:, :past] = 0
+    blocked = ~torch.eye(rows, dtype=torch.bool, device=ids.device)                        # [rows, rows]
     if mask is None:                       # a chain: the causal mask over its own rows
-        full[:n, past:past + n].masked_fill_(
-            ~torch.ones(n, n, dtype=torch.bool, device=ids.device).triu(1), 0)
-    else:
-        full[:n, :past + n] = mask[0, 0]
-    idx = torch.arange(n, rows, device=ids.device)
-    full[idx, past + idx] = 0              # each extra row sees itself
+        blocked[:n, :n] = torch.ones(n, n, dtype=torch.bool, device=ids.device).triu(1)
+    else:                                  # a tree: what its additive mask blocks among its own rows
+        blocked[:n, :n] = mask[0, 0, :, past:] != 0
     return dict(kwargs, input_ids=torch.cat([ids, ids[:, -1:].expand(1, extra)], dim=1),
                 position_ids=torch.cat([pos, pos[:, -1:].expand(1, extra)], dim=1),
-                attention_mask=full[None, None])
+                attention_mask=additive_mask(blocked, past, dtype))                        # [1, 1, rows, past+rows]
 
 
 def first_rows(out, n: int):
@@ -226,15 +223,6 @@ def first_rows(out, n: int):
     out.last_hidden_state = out.last_hidden_state[:, :n]
     if getattr(out, "hidden_states", None) is not None:
         out.hidden_states = tuple(h[:, :n] for h in out.hidden_states)
-    return out
-
-
-def first_row(out):
-    """A model output of a padded call cut back to its first row (last_hidden_state [1, 1, H] and
-    each of hidden_states, when returned)."""
-    out.last_hidden_state = out.last_hidden_state[:, :1]
-    if getattr(out, "hidden_states", None) is not None:
-        out.hidden_states = tuple(h[:, :1] for h in out.hidden_states)
     return out
 
 

@@ -31,7 +31,7 @@ from transformers import DynamicCache
 
 from respec.models.base import TargetOutput
 from respec.models.compat import cache_kwarg, check_placement, check_transformers, cuda_devices
-from respec.models.compiled import (compile_base, compile_logits, first_row, first_rows, one_row_as_two, pad_one_token,
+from respec.models.compiled import (compile_base, compile_logits, first_rows, one_row_as_two, pad_one_token,
                                     pad_rows, tree_bucket, warm_up)
 from respec.models.attention import additive_mask, use_tree_attention
 from respec.models.kv import reserve, slab_cache
@@ -182,7 +182,7 @@ class HFTarget:
         out = forward(**{self._cache_kw: self.cache}, use_cache=True, **kwargs)
         if padded:
             self.cache.crop(-1)
-            out = first_row(out)
+            out = first_rows(out, 1)
         elif extra >= 0:                     # padded to the bucket: its extra rows leave the cache
             if extra:
                 self.cache.crop(-extra)
