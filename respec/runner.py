@@ -206,6 +206,7 @@ class Runner:
                 "model_source": "" if loaded is None else str(loaded.source),
                 "device": str(self.target.device), "dtype": str(self.target.dtype).replace("torch.", ""),
                 "eagle_head": self.head_info, "forward": "compiled" if getattr(self.target, "compiled", False) else "eager",
+                "linear_layout": layouts.describe() if (layouts := getattr(self.target, "linear_layouts", None)) else "",
                 "method": config.method, "seed": config.sampling.seed,
                 "prompt": prompt, "torch": torch.__version__, "transformers": transformers.__version__,
                 "python": platform.python_version()}

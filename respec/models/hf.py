@@ -34,6 +34,7 @@ from respec.models.compat import cache_kwarg, check_placement, check_transformer
 from respec.models.compiled import (compile_base, compile_logits, first_rows, one_row_as_two, pad_one_token,
                                     pad_rows, tree_bucket, warm_up)
 from respec.models.attention import additive_mask, use_tree_attention
+from respec.models.linear_layout import LinearLayouts, linear_layouts
 from respec.models.kv import reserve, slab_cache
 from respec.transfer import barrier, upload, upload_parts
 from respec.tree import DraftTree
@@ -44,10 +45,14 @@ if TYPE_CHECKING:
 
 class HFTarget:
     def __init__(self, model, *, eos_token_ids: frozenset[int] = frozenset(), context_length: int | None = None,
-                 name: str = "model", tokenizer=None, loaded: "LoadedModel | None" = None) -> None:
+                 name: str = "model", tokenizer=None, loaded: "LoadedModel | None" = None,
+                 layouts: LinearLayouts | None = None) -> None:
         check_transformers()
         check_placement(model, name)
         self.model = model.eval()
+        # eager forwards of 2+ rows hand some linears to the BLAS as W @ x^T where this CPU runs them
+        # faster that way (respec/models/linear_layout.py; measured here unless given, as a twin is)
+        self.linear_layouts = layouts if layouts is not None else linear_layouts(model)
         # masked multi-token forwards skip repeat_kv on the CPU (attention.py); other models get no extra kwarg
         self._tree_kwargs = {"respec_gqa": True} if use_tree_attention(model) else {}
         self.tokenizer = tokenizer
@@ -179,7 +184,10 @@ class HFTarget:
             forward = self._compiled
             if self.feature_layers is not None:   # a compiled graph runs no hooks added after it: ask for outputs
                 kwargs["output_hidden_states"] = True
-        out = forward(**{self._cache_kw: self.cache}, use_cache=True, **kwargs)
+        layouts = self.linear_layouts.active(int(kwargs["input_ids"].shape[1])) if forward is self._base \
+            else contextlib.nullcontext()
+        with layouts:
+            out = forward(**{self._cache_kw: self.cache}, use_cache=True, **kwargs)
         if padded:
             self.cache.crop(-1)
             out = first_rows(out, 1)
@@ -212,7 +220,7 @@ class HFTarget:
         if self.feature_layers is not None:
             raise ValueError("a target reading layer inputs (an EAGLE-3 head) compiles in place, not through a twin")
         return HFTarget(self.model, eos_token_ids=self.eos_token_ids, context_length=self.context_length,
-                        name=self.name, tokenizer=self.tokenizer, loaded=self.loaded)
+                        name=self.name, tokenizer=self.tokenizer, loaded=self.loaded, layouts=self.linear_layouts)
 
     def adopt_compiled(self, twin: "HFTarget") -> None:
         """Run this target's steps through `twin`'s compiled forward and output layer from the next
@@ -265,7 +273,8 @@ class HFTarget:
         if self._compiled_logits is not None:   # with the verification numbers fused: [n, V], [n, 7]
             logits, table = self._compiled_logits(hidden.to(head_device), tokens, parents)
         else:
-            logits = self.lm_head(hidden).float()                                  # [n, V] float32
+            with self.linear_layouts.active(n):
+                logits = self.lm_head(hidden).float()                              # [n, V] float32
         return TargetOutput(logits=logits, hidden=self._features(out) if need_hidden else None,   # [n, F]
                             tokens=tokens, parents=parents, numbers=table)
 

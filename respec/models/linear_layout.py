@@ -1,0 +1,150 @@
+"""Small-row linears handed to the BLAS the way round this machine runs them fastest (eager CPU forwards).
+
+Contract:
+- A linear y = x W^T over m rows (x [m, k], W [n, k]) is one GEMM, and which way round it reaches
+  the BLAS matters on some CPUs: on a 2-core AMD EPYC Zen 3 (AVX2, no AVX-512; float32 through
+  MKL) the default model's 210 decoder linears (30 layers, distinct weights) took 45 ms at 2 rows
+  as `F.linear` and 21 ms as W @ x^T ([n, k] @ [k, m], transposed back), 65 against 41 ms at 16
+  rows, the same at one row (one GEMV either way; a throwaway benchmark, session 27). A verify of
+  two tokens then cost 1.67x a one-token step, and no EAGLE draft paid.
+- `measure_layouts(model)` times both ways, for each distinct weight shape among the model's
+  `nn.Linear` modules, over every module of that shape (their distinct weights, as a forward reads
+  them; the fastest of a few interleaved rounds), at the row counts of ROWS in turn until W @ x^T
+  stops taking under MARGIN of `F.linear`'s time, and returns a `LinearLayouts`: per shape the
+  largest row count up to which it won at every count measured. Only a bound, not a set of buckets:
+  on that CPU W @ x^T won at 2-8 rows, lost at 12 and tied at 16 (whole forwards of 12 rows 112 ms
+  against 87), so a choice made at 8 rows must not carry to 12. CPU weights only (a model elsewhere
+  gets an empty plan); about a second on the default model.
+- `LinearLayouts.active(rows)`: a context under which `F.linear` calls whose weight shape is
+  planned up to at least `rows` rows run as mm(W, x^T)^T (+ bias), every other call unchanged; a
+  no-op context when nothing is planned for that row count. The model is not modified: HFTarget
+  enters it around eager forwards of 2+ rows only, so one-token steps and compiled graphs never
+  see it.
+- `linear_layouts(model)` reads RESPEC_LINEAR_LAYOUT: `auto` (the default: measure), `off` (an
+  empty plan) or `transposed` (every shape up to ROWS' largest: tests and A/B runs).
+The two ways agree to the dtype's rounding (a different summation order), as GEMV and GEMM
+already do; greedy speculative output still equals vanilla (tests/test_linear_layout.py).
+Nothing is measured at import.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+ROWS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)   # row counts measured, in turn, until W @ x^T loses
+MARGIN = 0.9                   # W @ x^T is kept where it takes under 90% of F.linear's time
+CHOICES = ("auto", "off", "transposed")
+
+
+def transposed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., k], weight [n, k], bias [n] or None -> [..., n] (contiguous), computed as W @ x^T."""
+    x2 = x.reshape(-1, x.shape[-1])                                                       # [m, k]
+    y = torch.mm(weight, x2.t()) if bias is None else torch.addmm(bias[:, None], weight, x2.t())   # [n, m]
+    return y.t().contiguous().view(*x.shape[:-1], weight.shape[0])
+
+
+class _TransposedLinears(TorchFunctionMode):
+    """F.linear over a weight of one of `shapes` ((n, k) pairs) as `transposed_linear`."""
+
+    def __init__(self, shapes: frozenset[tuple[int, int]]) -> None:
+        super().__init__()
+        self.shapes = shapes
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.linear and len(args) >= 2 and tuple(args[1].shape) in self.shapes:
+            bias = args[2] if len(args) > 2 else kwargs.get("bias")
+            return transposed_linear(args[0], args[1], bias)
+        return func(*args, **kwargs)
+
+
+@dataclass(frozen=True)
+class LinearLayouts:
+    """Which linears to run as W @ x^T: ((n, k), largest row count) pairs."""
+    limits: tuple[tuple[tuple[int, int], int], ...] = ()
+    source: str = "off"            # auto (measured) | off | transposed (forced)
+
+    def shapes(self, rows: int) -> frozenset[tuple[int, int]]:
+        """Weight shapes run as W @ x^T in a forward of `rows` rows (none below 2 rows)."""
+        return frozenset(shape for shape, most in self.limits if 2 <= rows <= most)
+
+    def active(self, rows: int):
+        """The context for a forward of `rows` query rows (see the module docstring)."""
+        shapes = self.shapes(rows) if self.limits else frozenset()
+        return _TransposedLinears(shapes) if shapes else contextlib.nullcontext()
+
+    def describe(self) -> str:
+        """One line: which shapes run transposed up to how many rows."""
+        if not self.limits:
+            return f"linear layout: F.linear everywhere ({self.source})"
+        parts = [f"{n}x{k} up to {most} rows" for (n, k), most in self.limits]
+        return f"linear layout ({self.source}): W @ x^T for " + "; ".join(parts)
+
+
+def _linear_groups(model: torch.nn.Module) -> dict[tuple[int, int], list[torch.nn.Linear]]:
+    """The model's CPU nn.Linear modules by weight shape (a shared weight counted once)."""
+    groups: dict[tuple[int, int], list[torch.nn.Linear]] = {}
+    seen: set[int] = set()
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear) and module.weight.device.type == "cpu" \
+                and module.weight.data_ptr() not in seen:
+            seen.add(module.weight.data_ptr())
+            groups.setdefault(tuple(module.weight.shape), []).append(module)
+    return groups
+
+
+@torch.inference_mode()
+def measure_layouts(model: torch.nn.Module, rows: tuple[int, ...] = ROWS, rounds: int = 2) -> LinearLayouts:
+    """Time F.linear against W @ x^T per weight shape, row count by row count (see the module docstring)."""
+    limits = []
+    for (n, k), modules in _linear_groups(model).items():
+        weight = modules[0].weight
+        most = 0
+        for m in rows:
+            x = torch.randn(m, k, dtype=weight.dtype)                                       # [m, k]
+
+            def plain():
+                for mod in modules:
+                    F.linear(x, mod.weight, mod.bias)
+
+            def swapped():
+                for mod in modules:
+                    transposed_linear(x, mod.weight, mod.bias)
+
+            best = {plain: float("inf"), swapped: float("inf")}
+            plain(), swapped()                                   # warm-up (allocation, kernel choice)
+            for _ in range(rounds):
+                for fn in best:                                  # interleaved: a busy spell hits both
+                    t0 = time.perf_counter()
+                    fn()
+                    best[fn] = min(best[fn], time.perf_counter() - t0)
+            if best[swapped] >= MARGIN * best[plain]:
+                break
+            most = m
+        if most:
+            limits.append(((n, k), most))
+    return LinearLayouts(tuple(sorted(limits)), "auto")
+
+
+def check_layout_choice(value: str) -> str:
+    """auto | off | transposed (case-insensitive); ValueError naming the choices otherwise."""
+    v = str(value).strip().lower()
+    if v not in CHOICES:
+        raise ValueError(f"RESPEC_LINEAR_LAYOUT must be one of {', '.join(CHOICES)}, got {value!r}")
+    return v
+
+
+def linear_layouts(model: torch.nn.Module) -> LinearLayouts:
+    """The plan for `model` as RESPEC_LINEAR_LAYOUT says (see the module docstring)."""
+    choice = check_layout_choice(os.environ.get("RESPEC_LINEAR_LAYOUT", "auto"))
+    if choice == "off":
+        return LinearLayouts()
+    if choice == "transposed":
+        return LinearLayouts(tuple(sorted((shape, ROWS[-1]) for shape in _linear_groups(model))), "transposed")
+    return measure_layouts(model)
