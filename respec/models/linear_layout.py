@@ -14,12 +14,14 @@ Contract:
   largest row count up to which it won at every count measured. Only a bound, not a set of buckets:
   on that CPU W @ x^T won at 2-8 rows, lost at 12 and tied at 16 (whole forwards of 12 rows 112 ms
   against 87), so a choice made at 8 rows must not carry to 12. CPU weights only (a model elsewhere
-  gets an empty plan); about a second on the default model.
+  gets an empty plan); about 2 s on the default model.
 - `LinearLayouts.active(rows)`: a context under which `F.linear` calls whose weight shape is
   planned up to at least `rows` rows run as mm(W, x^T)^T (+ bias), every other call unchanged; a
   no-op context when nothing is planned for that row count. The model is not modified: HFTarget
   enters it around eager forwards of 2+ rows only, so one-token steps and compiled graphs never
-  see it.
+  see it. The EAGLE head's eager linears are not swapped: timed as a whole, its drafts of 2-4
+  rows took 2.7-3.2 ms swapped against anywhere from 2.8 to 6.2 ms plain from one run to the
+  next (the same CPU, throwaway scripts), too unsteady to measure a plan from at load.
 - `linear_layouts(model)` reads RESPEC_LINEAR_LAYOUT: `auto` (the default: measure), `off` (an
   empty plan) or `transposed` (every shape up to ROWS' largest: tests and A/B runs).
 The two ways agree to the dtype's rounding (a different summation order), as GEMV and GEMM
