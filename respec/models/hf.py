@@ -11,7 +11,9 @@ device, masked tree forwards and one-token forwards fold the query heads of each
 mask; respec/transfer.py), and forward_tree hands the uploaded tokens and parents on. Compaction after a non-prefix path gathers the kept rows of every
 layer along the sequence axis, then crops
 (`DynamicCache.crop` takes a NEGATIVE count in transformers 5; see shared/models/README.md §3.2).
-No modeling file is forked or patched.
+Eager CPU forwards of 2+ rows (and a tree's output layer) run the linears that
+`linear_layouts` measured faster that way as W @ x^T (respec/models/linear_layout.py; a function
+mode around the call, the model untouched). No modeling file is forked or patched.
 
 Installed-version and placement guards (respec/models/compat.py): the cache goes in under the
 keyword the installed transformers names (`cache` in 5.24, `past_key_values` in older 5.x; an

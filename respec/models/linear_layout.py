@@ -60,7 +60,8 @@ class _TransposedLinears(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is F.linear and len(args) >= 2 and tuple(args[1].shape) in self.shapes:
+        if func is F.linear and len(args) >= 2 and tuple(args[1].shape) in self.shapes \
+                and args[1].device.type == "cpu":    # a model measured on the CPU, then moved (ZeroGPU)
             bias = args[2] if len(args) > 2 else kwargs.get("bias")
             return transposed_linear(args[0], args[1], bias)
         return func(*args, **kwargs)
