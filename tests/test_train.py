@@ -88,7 +88,7 @@ def test_unrolled_training_depths_equal_the_drafters_tree_steps(arch):
                     f = head(emb[b, :real + 1], feats[b, :real + 1], torch.arange(real + 1), cache, None)[-1]
                     for i in range(1, d + 1):
                         f = head(emb[b, real + i][None], f[None], torch.tensor([real + i]), cache,
-                                 torch.zeros(1, 1, 1, real + i + 1))[0]
+                                 torch.zeros(1, 1, 1, real + i + 1, dtype=f.dtype))[0]
                     assert torch.allclose(preds[d][b, t], f, atol=1e-6), (b, t, d)
     m = ttt_mask(4, 1, torch.float32)
     assert m.shape == (1, 1, 4, 8) and (m[0, 0] == 0).tolist()[3] == [True, True, True, False,
