@@ -51,6 +51,15 @@ RELAXED_METHODS: tuple[str, ...] = ("respec", "respec-no-gate", "respec-no-feedb
                                     "respec-no-trigger", "respec-no-ema")
 
 
+def one_of(value: Any, choices: Sequence[str], what: str) -> str:
+    """`value` lower-cased and stripped if it is one of `choices`; ValueError naming `what` and the
+    choices otherwise (the switches read from flags and environment variables)."""
+    v = str(value).strip().lower()
+    if v not in choices:
+        raise ValueError(f"{what} must be one of {', '.join(choices)}, got {value!r}")
+    return v
+
+
 def is_lossless(config: "EngineConfig") -> bool:
     """True when the method must reproduce vanilla decoding (strict verification or sampling)."""
     return config.method not in RELAXED_METHODS or config.relax.budget == 0 or not config.greedy

@@ -136,3 +136,60 @@ def test_a_background_compile_serves_eagerly_then_installs_the_compiled_target_a
     assert compile_count() == before, "the twin's graphs serve the runner's target as they are"
     with pytest.raises(ValueError, match="twin"):
         target.adopt_compiled(make_target("llama", dtype=torch.float32))
+
+
+def test_the_output_layer_route_is_chosen_from_given_times():
+    """choose_routes is pure: the times are given, no clock is read."""
+    from respec.drafters.head_compile import choose_routes
+    times = {1: {"compiled": 1.3, "eager": 0.7, "transposed": 0.65},     # transposed, well under 90%
+             2: {"compiled": 2.6, "eager": 2.0, "transposed": 0.7},
+             4: {"compiled": 2.6, "eager": 1.9, "transposed": 0.8},
+             8: {"compiled": 3.3, "eager": 3.1, "transposed": 3.0},       # within the margin: compiled
+             16: {"compiled": 3.6, "eager": 3.4, "transposed": 1.6}}
+    routes = choose_routes(times, margin=0.9)
+    assert routes[1] == routes[2] == routes[4] == "transposed" and routes[8] == "compiled"
+    assert routes[3] == "transposed"                  # both neighbours agree
+    assert routes[5] == routes[12] == "compiled"      # neighbours disagree: compiled
+    assert routes[16] == "transposed" and 17 not in routes and max(routes) == 16
+    assert choose_routes({1: {"compiled": 1.0}}) == {1: "compiled"}     # nothing eager offered
+    assert choose_routes({}) == {}
+
+
+def test_every_output_layer_route_gives_the_compiled_logits_and_draft_logits_follows_the_routes(compiled_pair, monkeypatch):
+    target, eager_head, head, _ = compiled_pair
+    compiled = head._compiled
+    saved = dict(compiled.routes)
+    g = torch.Generator().manual_seed(1)
+    before = compile_count()
+    try:
+        with torch.inference_mode():
+            for q in (1, 3, 8):
+                out = torch.randn(q, head.config.hidden_size, generator=g)                   # [q, H]
+                want = eager_head.draft_logits(target, out)                                  # [q, V]
+                for route in ("compiled", "eager", "transposed"):
+                    torch.testing.assert_close(compiled.run_route(route, out), want, rtol=1e-4, atol=1e-4)
+                    compiled.routes = {q: route}
+                    torch.testing.assert_close(head.draft_logits(target, out), want, rtol=1e-4, atol=1e-4)
+        assert compile_count() == before                 # no route compiles anything after the warm-up
+        # a measured plan names only the known ways, and none of them transposed when that is off
+        monkeypatch.setenv("RESPEC_LINEAR_LAYOUT", "off")
+        routes = compiled.measure_routes(rows=(1, 2, 4), rounds=1)
+        assert set(routes) == {1, 2, 3, 4} and set(routes.values()) <= {"compiled", "eager"}
+        assert "draft output layer" in compiled.describe_routes()
+    finally:
+        compiled.routes = saved
+
+
+@pytest.mark.parametrize("route", ["eager", "transposed"])
+def test_greedy_eagle2_equals_vanilla_with_the_output_layer_routed_eagerly(compiled_pair, route):
+    target, _, head, _ = compiled_pair
+    compiled = head._compiled
+    saved = dict(compiled.routes)
+    compiled.routes = {rows: route for rows in range(1, 33)}
+    try:
+        eager_target = make_target(target.name.removeprefix("tiny-"), dtype=torch.float32)
+        ref = run(eager_target, "vanilla", PROMPT, max_new_tokens=40)
+        for overrides in (FIXED_TREES, {}):
+            assert run(target, "eagle2", PROMPT, head=head, max_new_tokens=40, **overrides).tokens == ref.tokens
+    finally:
+        compiled.routes = saved

@@ -19,6 +19,15 @@ Contract:
   cost model reads at a request's first probe), so no request pays a compile or that timing.
   `HFTarget.enable_compile` compiles the target; an `Eagle2Drafter` on a compiled target
   compiles its head on construction (once per head and target).
+- The draft output layer goes, per row count, the fastest of three ways measured at the end of
+  the warm-up (`choose_routes`, `ROUTE_ROWS`): the compiled graph, eager `F.linear`, or eager
+  W @ x^T (respec/models/linear_layout.py; not offered under RESPEC_LINEAR_LAYOUT=off); an eager
+  way only where it takes under ROUTE_MARGIN of the compiled one's time, and rows between two
+  measured counts go eager only where both agree (none above the largest; never on a GPU). On a
+  2-core AMD EPYC Zen 3 (float32, 8,192 x 576 rows) the compiled layer took 1.33 ms at one row
+  and 2.6 ms at 2-4 rows against 0.69 ms eager and 0.67-0.79 ms as W @ x^T (a throwaway
+  benchmark, session 28): a tree layer of four rows cost ~6 ms of drafting where its 4 rows'
+  logits alone cost 4 ms, next to a ~19 ms compiled target step.
 - Why: on the CPU an eager head call is mostly dispatch. On the default model one head layer plus
   its 8,192-row draft output layer moves ~18 MB (~0.5 ms at the machine's bandwidth) but took
   ~1.2 ms eager; next to a compiled target step (~15 ms), eager drafting weighed 1.5x what it does
@@ -28,6 +37,7 @@ Nothing is compiled at import.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -35,6 +45,35 @@ import torch
 
 from respec.models.compiled import Trusted, compile_base_settings
 from respec.models.kv import reserve, slab_cache
+from respec.models.linear_layout import MARGIN as ROUTE_MARGIN
+from respec.models.linear_layout import transposed_linear
+
+ROUTE_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16)   # row counts the draft output layer's ways are timed at
+ROUTES = ("compiled", "eager", "transposed")
+
+
+def choose_routes(times: dict[int, dict[str, float]], margin: float = ROUTE_MARGIN) -> dict[int, str]:
+    """Per row count, the way to run the draft output layer from measured times {rows: {route: ms}}
+    (pure): an eager way where it takes under `margin` of the compiled time (the faster of the
+    two eager ways), else compiled. A row count not measured but between two that were takes
+    their way where both agree, else compiled; above the largest: compiled (a choice made at 8
+    rows must not carry to 12, respec/models/linear_layout.py). Returns {rows: route} for rows 1
+    up to the largest measured, so `route_for` is one lookup."""
+    chosen: dict[int, str] = {}
+    for rows, by_route in times.items():
+        fast = min((r for r in by_route if r != "compiled"), key=by_route.__getitem__, default=None)
+        compiled = by_route.get("compiled", float("inf"))
+        chosen[rows] = fast if fast is not None and by_route[fast] < margin * compiled else "compiled"
+    measured = sorted(chosen)
+    out: dict[int, str] = {}
+    for rows in range(1, (measured[-1] if measured else 0) + 1):
+        if rows in chosen:
+            out[rows] = chosen[rows]
+            continue
+        below = max(m for m in measured if m < rows)
+        above = min(m for m in measured if m > rows)
+        out[rows] = chosen[below] if chosen[below] == chosen[above] else "compiled"
+    return out
 
 
 @dataclass
@@ -45,7 +84,9 @@ class CompiledHead:
     target: object
     forward_fn: Trusted
     logits_fn: Trusted
+    layer: object = None              # the draft output layer (an LMHead or the target's lm_head), eager
     warmed: bool = False
+    routes: dict = dataclasses.field(default_factory=dict)   # rows -> "compiled" | "eager" | "transposed"
 
     @classmethod
     def of(cls, head, target) -> "CompiledHead":
@@ -58,7 +99,7 @@ class CompiledHead:
         # dynamic shapes; dynamo still specialises a one-row call into its own graph
         forward_fn = Trusted(torch.compile(head.eager_forward, backend="inductor", dynamic=True))
         logits_fn = Trusted(torch.compile(logits, backend="inductor", dynamic=True))
-        return cls(head, target, forward_fn, logits_fn)
+        return cls(head, target, forward_fn, logits_fn, layer)
 
     def forward(self, emb: torch.Tensor, feat: torch.Tensor, positions: torch.Tensor, cache,
                 mask: torch.Tensor | None) -> torch.Tensor:
@@ -71,8 +112,57 @@ class CompiledHead:
                                None if mask is None else mask.contiguous())
 
     def draft_logits(self, out: torch.Tensor) -> torch.Tensor:
-        """out [q, H] -> logits [q, V or Vd] (EagleHead.draft_logits' contract)."""
-        return self.logits_fn(out.contiguous())
+        """out [q, H] -> logits [q, V or Vd] (EagleHead.draft_logits' contract), the way
+        `routes` names for q rows (compiled where nothing was measured)."""
+        return self.run_route(self.routes.get(int(out.shape[0]), "compiled"), out)
+
+    def run_route(self, route: str, out: torch.Tensor) -> torch.Tensor:
+        """The draft output layer over out [q, H] one given way (ROUTES) -> [q, V or Vd]."""
+        if route == "compiled":
+            return self.logits_fn(out.contiguous())
+        layer = self.layer
+        if route == "eager" or not hasattr(layer, "weight") or getattr(layer, "softcap", None):
+            return layer(out)
+        return transposed_linear(out.to(layer.weight.dtype), layer.weight, layer.bias)
+
+    def measure_routes(self, rows: tuple[int, ...] = ROUTE_ROWS, rounds: int = 3) -> dict[int, str]:
+        """Time the draft output layer's ways (ROUTES; the transposed one only where
+        RESPEC_LINEAR_LAYOUT allows) at each of `rows`, interleaved, the fastest of `rounds`
+        after one untimed call each, and set `routes` (`choose_routes`). CPU heads only; a
+        GPU head keeps the compiled layer everywhere."""
+        import os
+
+        dev = self.head.fc.weight.device
+        if dev.type != "cpu":
+            self.routes = {}
+            return self.routes
+        ways = ["compiled", "eager"]
+        if os.environ.get("RESPEC_LINEAR_LAYOUT", "auto").strip().lower() != "off":
+            ways.append("transposed")
+        width = self.head.config.hidden_size
+        times: dict[int, dict[str, float]] = {}
+        with torch.inference_mode():
+            for q in rows:
+                x = torch.randn(q, width, dtype=self.head.fc.weight.dtype, device=dev)        # [q, H]
+                best = {way: float("inf") for way in ways}
+                for way in ways:
+                    self.run_route(way, x)
+                for _ in range(rounds):
+                    for way in ways:
+                        t0 = time.perf_counter()
+                        self.run_route(way, x)
+                        best[way] = min(best[way], (time.perf_counter() - t0) * 1000)
+                times[q] = best
+        self.routes = choose_routes(times)
+        return self.routes
+
+    def describe_routes(self) -> str:
+        """One line: which row counts the draft output layer runs eagerly, and how."""
+        eager = {r: w for r, w in self.routes.items() if w != "compiled"}
+        if not eager:
+            return "draft output layer: compiled at every row count"
+        return "draft output layer: " + ", ".join(f"{r} rows {w}" for r, w in sorted(eager.items())) + \
+            "; compiled otherwise"
 
     @torch.inference_mode()
     def warm_up(self, progress: bool = True, pause=None) -> float:
@@ -111,5 +201,6 @@ class CompiledHead:
                 pause()
             feed(q, masked)
         self.warmed = self.forward_fn.trusted = self.logits_fn.trusted = True
+        self.measure_routes()        # the output layer's fastest way per row count (module docstring)
         head.row_ms(target)          # timed now, on the compiled head: a first request does not pay it
         return time.perf_counter() - t0

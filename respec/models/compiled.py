@@ -66,6 +66,7 @@ from typing import Callable
 
 import torch
 
+from respec.config import one_of
 from respec.models.attention import additive_mask
 
 COMPILE_CHOICES = ("off", "on")
@@ -73,10 +74,7 @@ COMPILE_CHOICES = ("off", "on")
 
 def check_compile_choice(value: str) -> str:
     """'on' | 'off' (case-insensitive); ValueError naming the choices otherwise."""
-    v = str(value).strip().lower()
-    if v not in COMPILE_CHOICES:
-        raise ValueError(f"--compile must be one of {', '.join(COMPILE_CHOICES)}, got {value!r}")
-    return v
+    return one_of(value, COMPILE_CHOICES, "--compile")
 
 
 def compile_base_settings(device: torch.device) -> None:

@@ -39,6 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from respec.config import one_of
+
 ROWS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)   # row counts measured, in turn, until W @ x^T loses
 MARGIN = 0.9                   # W @ x^T is kept where it takes under 90% of F.linear's time
 CHOICES = ("auto", "off", "transposed")
@@ -79,7 +81,7 @@ class LinearLayouts:
 
     def active(self, rows: int):
         """The context for a forward of `rows` query rows (see the module docstring)."""
-        shapes = self.shapes(rows) if self.limits else frozenset()
+        shapes = self.shapes(rows)
         return _TransposedLinears(shapes) if shapes else contextlib.nullcontext()
 
     def describe(self) -> str:
@@ -137,10 +139,7 @@ def measure_layouts(model: torch.nn.Module, rows: tuple[int, ...] = ROWS, rounds
 
 def check_layout_choice(value: str) -> str:
     """auto | off | transposed (case-insensitive); ValueError naming the choices otherwise."""
-    v = str(value).strip().lower()
-    if v not in CHOICES:
-        raise ValueError(f"RESPEC_LINEAR_LAYOUT must be one of {', '.join(CHOICES)}, got {value!r}")
-    return v
+    return one_of(value, CHOICES, "RESPEC_LINEAR_LAYOUT")
 
 
 def linear_layouts(model: torch.nn.Module) -> LinearLayouts:
