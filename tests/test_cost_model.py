@@ -139,6 +139,40 @@ def test_a_random_head_is_switched_off_at_its_first_probe_and_stays_lossless(mon
     assert cost["rate_vs_plain"] < 1.0 and cost["probe_rows"] >= 1
 
 
+def test_a_head_switched_off_sits_out_the_rest_of_its_back_off_in_the_runners_next_request(monkeypatch):
+    """respec/memory.py HeadBackoff: a random head refused at its first probe leaves the runner's
+    record sitting out, so the next request (same method, same forward) starts sitting out instead
+    of probing (and catching up its prompt); without a memory, and for another method or an eager
+    record, every request probes first. Costs injected; output stays vanilla's."""
+    from respec.config import EngineConfig
+    from respec.drafters import make_drafter
+    from respec.engine import Engine
+    from respec.memory import RunnerMemory
+    target = make_target("llama", seed=0)
+    inject_costs(monkeypatch, target, NO_AMX, row_ms=5.0)
+    prompt = [5, 17, 33, 9, 71, 4, 88, 12] * 3
+    ref = run(target, "vanilla", prompt, max_new_tokens=3)
+    cfg = EngineConfig().with_overrides({"method": "eagle2", "max_new_tokens": 3, "tree.auto": True,
+                                         "tree.total_tokens": 16, "tree.depth": 3, "tree.top_k": 4})
+    memory = RunnerMemory()
+
+    def steps(mem) -> list:
+        out = Engine(target, make_drafter("eagle2", target, cfg, memory=mem), cfg).generate(prompt)
+        assert out.tokens == ref.tokens
+        return out.steps
+
+    first = steps(memory)
+    assert "auto probe" in first[0].decision.reason                # a fresh runner probes first
+    record = memory.head_backoff("eagle2", compiled=False)
+    left = record.skip
+    assert left > len(first) and record.misses >= 1                # ended mid sit-out
+    second = steps(memory)
+    assert all("did not pay in this runner's last request" in s.decision.reason for s in second)
+    assert memory.head_backoff("eagle2", compiled=False).skip == left - len(second)
+    assert "auto probe" in steps(None)[0].decision.reason          # no memory: nothing carried
+    assert memory.head_backoff("sam", compiled=False).skip == 0 and memory.head_backoff("eagle2", True).skip == 0
+
+
 def test_a_head_that_predicts_well_passes_its_probe_and_drafts():
     from respec.drafters.eagle2 import Eagle2Drafter
     from respec.drafters.eagle_head import random_head

@@ -19,8 +19,8 @@ __all__ = ["Candidate", "CandidateOutcome", "Decision", "DraftContext", "Drafter
 
 
 def make_drafter(method: str, target, config: EngineConfig, head=None, memory=None) -> Drafter:
-    """`memory`: the runner's RunnerMemory (the `suffix` method's trees and ReSpec's earlier answers
-    across requests; nothing carried over when None)."""
+    """`memory`: the runner's RunnerMemory (the `suffix` method's trees, ReSpec's earlier answers
+    and the EAGLE head's back-off across requests; nothing carried over when None)."""
     from respec.drafters.eagle2 import Eagle2Drafter
     from respec.drafters.eagle_head import random_head
     from respec.drafters.respec import VARIANTS, ReSpecDrafter
@@ -40,7 +40,8 @@ def make_drafter(method: str, target, config: EngineConfig, head=None, memory=No
     if variant is not None and not variant.fallback:       # retrieval only: no EAGLE head at all
         return ReSpecDrafter(None, config, variant=variant, name=method, stop_token_ids=target.eos_token_ids,
                              answers=answers)
-    eagle = Eagle2Drafter(target, head if head is not None else random_head(target), config.tree)
+    backoff = None if memory is None else memory.head_backoff(method, getattr(target, "compiled", False))
+    eagle = Eagle2Drafter(target, head if head is not None else random_head(target), config.tree, backoff=backoff)
     if method == "eagle2":
         return eagle
     if method == "sam":
