@@ -4,9 +4,9 @@ Contract: `RunnerMemory` holds the `suffix` method's trees (`SuffixMemory`: Suff
 global tree of earlier responses), the earlier answers ReSpec's cross-request memory reads
 (`AnswerMemory`; every run's answer is added by `Runner.generate` / `Runner.stream`), and, per
 method and forward (compiled or eager), where the EAGLE head's sit-out stood after the last step
-(`HeadBackoff`, respec/drafters/eagle2.py): a head switched off because it did not pay sits out
-the rest of its back-off in the next request instead of paying a fresh probe at every request's
-start (a prompt's catch-up included). A `Runner` owns one; `run_bench` gives each method and
+(`HeadBackoff`, respec/drafters/eagle2.py): every request still probes a switched-off head at its
+start, but a refusal there backs off as far as the last request's had grown instead of starting
+again at two steps. A `Runner` owns one; `run_bench` gives each method and
 repeat its own, so a benchmark's records never see another method's answer to the same question.
 Nothing at import.
 """
@@ -20,10 +20,10 @@ from respec.retrieval.answers import AnswerMemory
 
 @dataclass
 class HeadBackoff:
-    """The EAGLE head's back-off after a runner's last step: `misses` in a row and `skip` steps
-    still to sit out (0: the head was drafting, or due to probe; the next request probes first)."""
+    """The EAGLE head's state after a runner's last step: `off` (switched off, to be probed) and
+    its `misses` in a row, which set how long its next refusal sits out (2^misses steps)."""
     misses: int = 0
-    skip: int = 0
+    off: bool = False
 
 
 class RunnerMemory:

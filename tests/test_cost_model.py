@@ -139,11 +139,12 @@ def test_a_random_head_is_switched_off_at_its_first_probe_and_stays_lossless(mon
     assert cost["rate_vs_plain"] < 1.0 and cost["probe_rows"] >= 1
 
 
-def test_a_head_switched_off_sits_out_the_rest_of_its_back_off_in_the_runners_next_request(monkeypatch):
-    """respec/memory.py HeadBackoff: a random head refused at its first probe leaves the runner's
-    record sitting out, so the next request (same method, same forward) starts sitting out instead
-    of probing (and catching up its prompt); without a memory, and for another method or an eager
-    record, every request probes first. Costs injected; output stays vanilla's."""
+def test_a_head_switched_off_in_one_request_backs_off_further_in_the_runners_next(monkeypatch):
+    """respec/memory.py HeadBackoff: a random head refused in one request leaves the runner's
+    record off with its misses; the next request (same method, same forward) still probes first,
+    but its refusal sits out 2^(misses + 1) steps rather than starting again at 4; without a
+    memory, and for another method or the other forward, nothing carries. Costs injected; output
+    stays vanilla's."""
     from respec.config import EngineConfig
     from respec.drafters import make_drafter
     from respec.engine import Engine
@@ -151,26 +152,24 @@ def test_a_head_switched_off_sits_out_the_rest_of_its_back_off_in_the_runners_ne
     target = make_target("llama", seed=0)
     inject_costs(monkeypatch, target, NO_AMX, row_ms=5.0)
     prompt = [5, 17, 33, 9, 71, 4, 88, 12] * 3
-    ref = run(target, "vanilla", prompt, max_new_tokens=3)
-    cfg = EngineConfig().with_overrides({"method": "eagle2", "max_new_tokens": 3, "tree.auto": True,
+    ref = run(target, "vanilla", prompt, max_new_tokens=4)
+    cfg = EngineConfig().with_overrides({"method": "eagle2", "max_new_tokens": 4, "tree.auto": True,
                                          "tree.total_tokens": 16, "tree.depth": 3, "tree.top_k": 4})
     memory = RunnerMemory()
 
-    def steps(mem) -> list:
+    def first_probe(mem) -> str:
         out = Engine(target, make_drafter("eagle2", target, cfg, memory=mem), cfg).generate(prompt)
         assert out.tokens == ref.tokens
-        return out.steps
+        assert "auto probe" in out.steps[0].decision.reason          # every request probes first
+        return out.steps[0].decision.reason
 
-    first = steps(memory)
-    assert "auto probe" in first[0].decision.reason                # a fresh runner probes first
+    assert "head off for 4 steps" in first_probe(memory)          # 0 of many rows: two misses
     record = memory.head_backoff("eagle2", compiled=False)
-    left = record.skip
-    assert left > len(first) and record.misses >= 1                # ended mid sit-out
-    second = steps(memory)
-    assert all("did not pay in this runner's last request" in s.decision.reason for s in second)
-    assert memory.head_backoff("eagle2", compiled=False).skip == left - len(second)
-    assert "auto probe" in steps(None)[0].decision.reason          # no memory: nothing carried
-    assert memory.head_backoff("sam", compiled=False).skip == 0 and memory.head_backoff("eagle2", True).skip == 0
+    assert record.off and record.misses == 2
+    assert "head off for 16 steps" in first_probe(memory)         # the misses went on: 4
+    assert memory.head_backoff("eagle2", compiled=False).misses == 4
+    assert "head off for 4 steps" in first_probe(None)            # no memory: nothing carried
+    assert not memory.head_backoff("sam", compiled=False).off and not memory.head_backoff("eagle2", True).off
 
 
 def test_a_head_that_predicts_well_passes_its_probe_and_drafts():

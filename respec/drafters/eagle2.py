@@ -148,10 +148,14 @@ class Eagle2Drafter:
     respec/drafters/probe.py, the whole output layer only where that bound could pay) decides
     whether even a one-token draft would pay before any tree is grown (such a draft is charged one
     head row, never the probe's own catch-up, which is paid once). A request starts with such a
-    probe, so a random head never drafts; or, given the runner's `backoff` record
-    (respec/memory.py `HeadBackoff`) and a last request that left the head sitting out, with the
-    rest of that sit-out (probes at a runner's every request start cost a compiled eagle2 3-10%
-    against vanilla on 2-core AMD EPYCs, sessions 25 and 28). A draft is judged without the feeding of a queue longer
+    probe, so a random head never drafts and a new kind of prompt is judged at once. Given the
+    runner's `backoff` record (respec/memory.py `HeadBackoff`) of a last request that ended with
+    the head switched off, the misses go on from there: a refusal then sits out as long as the
+    last request's back-off had grown, instead of re-probing after 2, 4, 8... steps in every
+    request (a compiled eagle2 paid ~5-9 ms a probe, six a 96-token answer, 2-core AMD EPYC Zen 3,
+    session 28). Carrying the sit-out itself was tried and dropped: a head switched off over
+    summarization prompts then sat out the following qa answers it used to draft for (eager
+    qa 1.10x -> 1.01x, one answer 0.89x). A draft is judged without the feeding of a queue longer
     than one step commits (the prompt, a sit-out's features: paid once, whatever is drafted; one
     head row stands in for it), else every request's first tree counted the prompt's catch-up
     against drafting (22.9 ms of a 12 ms step on the compiled default model, session 25);
@@ -187,7 +191,6 @@ class Eagle2Drafter:
         self._drafted_ms: float | None = None     # this step's drafting time, when the head grew a tree
         self._earned_tokens = self._earned_ms = 0.0   # its drafting steps' committed tokens and ms, decayed
         self._hits = self._rows = 0               # the last catch-up's top-1 check (a bound until exact)
-        self._carried = False                     # sitting out a back-off carried from the last request
         self._cut: tuple[float, float] | None = None   # the last tree's depth cut (bound, layer ms)
         self._check: tuple[torch.Tensor, list[int]] | None = None   # its rows [r, H] and tokens
 
@@ -204,12 +207,12 @@ class Eagle2Drafter:
         self.cache = slab_cache(self.head.config)
         self._pending = [] if prompt_hidden is None else [prompt_hidden]
         self._reset_auto()
-        if self.backoff is not None and self.backoff.skip > 0:     # the last request left the head sitting out
-            self._misses, self._skip, self._carried = self.backoff.misses, self.backoff.skip, True
+        if self.backoff is not None:       # a head the last request left switched off: its misses go on
+            self._misses = self.backoff.misses if self.backoff.off else 0
 
     def observe(self, outcome: StepOutcome) -> None:
         if self.backoff is not None:
-            self.backoff.misses, self.backoff.skip = self._misses, self._skip
+            self.backoff.misses, self.backoff.off = self._misses, self._probing
         if outcome.committed_hidden is not None:
             self._pending.append(outcome.committed_hidden)
         if self._last_pred is not None and outcome.proposal.source == "eagle":
@@ -311,10 +314,8 @@ class Eagle2Drafter:
             return EagleDraft(DraftTree.root_only(root))
         if cost is not None and self._skip > 0:
             self._skip -= 1
-            recently = "in this runner's last request" if self._carried else "recently"
             return EagleDraft(DraftTree.root_only(root), AutoDecision(
-                plan=None, kept=1, reason=f"auto: the head did not pay {recently}; next probe in {self._skip + 1} steps"))
-        self._carried = False
+                plan=None, kept=1, reason=f"auto: the head did not pay recently; next probe in {self._skip + 1} steps"))
         t0 = time.perf_counter()
         if not self._pending and self.kv_len == 0:
             raise RuntimeError("EAGLE drafter used before reset")
