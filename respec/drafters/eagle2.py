@@ -137,31 +137,20 @@ class Eagle2Drafter:
     sync even after steps it did not draft (retrieval steps in SAM/ReSpec).
 
     With a cost model (`tree.auto`), each tree is cut to the size that pays (respec/cost.py), node
-    probabilities being the head's cumulative confidence times its calibration κ (realised accepted
-    tokens / predicted, decayed). A head that does not earn its keep is switched off: after two
-    unprofitable drafts in a row, if its drafting steps have on balance run slower than plain steps
-    (tokens committed over drafting + verify ms, decayed by EARN_DECAY per draft, its unprofitable
-    drafts included: `earns_keep`), it sits out 2^misses steps (at most MAX_SKIP; a draft below
-    FAR_SHORT of a plain step's rate counts as two misses), queueing features
-    at no cost; then a cheap probe (the catch-up alone, whose predictions over the queued positions
-    are checked against the committed tokens: first an upper bound over a few hundred output rows,
-    respec/drafters/probe.py, the whole output layer only where that bound could pay) decides
-    whether even a one-token draft would pay before any tree is grown (such a draft is charged one
-    head row, never the probe's own catch-up, which is paid once). A request starts with such a
-    probe, so a random head never drafts and a new kind of prompt is judged at once. Given the
-    runner's `backoff` record (respec/memory.py `HeadBackoff`) of a last request that ended with
-    the head switched off, the misses go on from there: a refusal then sits out as long as the
-    last request's back-off had grown, instead of re-probing after 2, 4, 8... steps in every
-    request (a compiled eagle2 paid ~5-9 ms a probe, six a 96-token answer, 2-core AMD EPYC Zen 3,
-    session 28). Carrying the sit-out itself was tried and dropped: a head switched off over
-    summarization prompts then sat out the following qa answers it used to draft for (eager
-    qa 1.10x -> 1.01x, one answer 0.89x). A draft is judged without the feeding of a queue longer
-    than one step commits (the prompt, a sit-out's features: paid once, whatever is drafted; one
-    head row stands in for it), else every request's first tree counted the prompt's catch-up
-    against drafting (22.9 ms of a 12 ms step on the compiled default model, session 25);
-    over a long queue (the prompt, or many steps off) the probe first runs the head on the last
-    SCRATCH_WINDOW positions only, in a throwaway cache: a head that matches none of them stays
-    off with the queue unfed; any other is fed the whole queue and judged with its full context."""
+    probabilities being the head's cumulative confidence times its calibration κ (realised/predicted
+    accepted tokens, decayed). After two unprofitable drafts in a row, a head whose drafting steps
+    have on balance run slower than plain steps (`earns_keep`: committed tokens over drafting +
+    verify ms, decayed by EARN_DECAY per draft) sits out 2^misses steps (at most MAX_SKIP; a draft
+    below FAR_SHORT of a plain step's rate counts as two misses), queueing features at no cost;
+    then a cheap probe (the catch-up alone, its predictions checked against the committed tokens:
+    an upper bound over a few hundred output rows first, respec/drafters/probe.py) decides whether
+    even a one-token draft (charged one head row, never the probe's catch-up) would pay. Every
+    request starts with a probe (a random head never drafts; a new kind of prompt is judged at
+    once); a head the runner's last request left off (`backoff`, respec/memory.py) goes on from its
+    misses. A draft is not charged the feeding of a queue longer than one step commits (paid once
+    whatever is drafted; session 25: 22.9 ms of a 12 ms step); over a long queue the probe first
+    runs the head on the last SCRATCH_WINDOW positions in a throwaway cache: a head matching none
+    stays off with the queue unfed, any other is fed the whole queue and judged in full context."""
 
     name = "eagle2"
     needs_hidden = True
@@ -170,7 +159,7 @@ class Eagle2Drafter:
                  backoff: "HeadBackoff | None" = None) -> None:
         self.target = target
         self.head = head
-        self.backoff = backoff          # the runner's record of the head's sit-out across requests (or None)
+        self.backoff = backoff          # the runner's record of a switched-off head's misses (or None)
         self.feature_layers = head.feature_layers      # which target features the head reads (EAGLE-3)
         self.tree_cfg = tree
         self.cache = slab_cache(head.config)
@@ -366,18 +355,16 @@ class Eagle2Drafter:
         """The cost model's depth cut: grow another layer only if it could raise the step's
         expected tokens per millisecond. The next layer's nodes are children of the frontier, so
         their calibrated probabilities add up to at most κ·Σ exp(frontier score) (every later
-        layer's to no more); a layer costs the median recent layer time (the head's row time, `EagleHead.row_ms`, before
-        any layer of the request is timed). The rate to beat is the
+        layer's to no more); a layer costs the median recent layer time (the head's row time,
+        `EagleHead.row_ms`, before any layer of the request is timed). The rate to beat is the
         best the nodes so far reach (their plan, with the drafting time spent so far). A layer is
         grown only if both (1) that bound per layer-millisecond beats it, and (2) some verified
         size holding nodes of the layers still to grow could beat the step's rate if it stopped
         now, with every size's verify cost and the drafting counted on both sides
-        (`layer_rate_bound`). Both over-estimate what the layers could add (the frontier's mass per
-        layer, each size's verify cost at its measured value), so a layer is cut only if it could not
-        raise the step's expected tokens per millisecond. (2) matters where a two-token forward
-        costs much more than one (bf16 without its dot-product instructions: 1.43x on a 2-core
-        Intel Xeon, session 23). There, a tree that keeps no node yet stops before its second layer
-        instead of growing layers nothing keeps."""
+        (`layer_rate_bound`). Both over-estimate what the layers could add, so a layer is cut only
+        if it could not raise the step's rate. (2) matters where two tokens cost much more than one
+        (1.43x, bf16 without dot-product instructions, session 23): a tree that keeps no node yet
+        stops before its second layer."""
         curve, kappa = cost.curve(), self.kappa
         verify_ms = [interpolate_cost(curve, n) for n in range(max(2, cfg.total_tokens) + 1)]   # [size] -> ms
         asked = 0                                 # layers asked about so far (one per call)
@@ -387,8 +374,7 @@ class Eagle2Drafter:
             asked += 1
             if timer is not None:
                 timer.flush()                     # the layers timed so far (read back: their events are done)
-            # no layer timed yet in this request: the head's row time stands in (as for a probe's
-            # one-token draft), so a request's first tree is not grown a layer unasked
+            # no layer timed yet in this request: the head's row time stands in (as for a probe)
             layer_ms = cost.draft_ms(DEPTH_SOURCE) or self.head.row_ms(self.target)
             if layer_ms <= 0.0:
                 return True

@@ -59,7 +59,7 @@ def choose_routes(times: dict[int, dict[str, float]], margin: float = ROUTE_MARG
     two eager ways), else compiled. A row count not measured but between two that were takes
     their way where both agree, else compiled; above the largest: compiled (a choice made at 8
     rows must not carry to 12, respec/models/linear_layout.py). Returns {rows: route} for rows 1
-    up to the largest measured, so `route_for` is one lookup."""
+    up to the largest measured, so `draft_logits` does one lookup."""
     chosen: dict[int, str] = {}
     for rows, by_route in times.items():
         fast = min((r for r in by_route if r != "compiled"), key=by_route.__getitem__, default=None)
