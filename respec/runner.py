@@ -207,8 +207,8 @@ class Runner:
                 "device": str(self.target.device), "dtype": str(self.target.dtype).replace("torch.", ""),
                 "eagle_head": self.head_info, "forward": "compiled" if getattr(self.target, "compiled", False) else "eager",
                 "linear_layout": layouts.describe() if (layouts := getattr(self.target, "linear_layouts", None)) else "",
-                "head_output_layer": compiled.describe_routes() if (compiled := getattr(self.head, "_compiled", None))
-                else "eager",
+                "head_output_layer": self.head.output_layer_routes(),
+                "static_buckets": list(getattr(self.target, "buckets", ())),
                 "method": config.method, "seed": config.sampling.seed,
                 "prompt": prompt, "torch": torch.__version__, "transformers": transformers.__version__,
                 "python": platform.python_version()}

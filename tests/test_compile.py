@@ -158,15 +158,15 @@ def test_a_one_token_step_run_as_two_rows_equals_the_one_row_graph(pair):
 
 
 def test_trees_padded_to_a_static_bucket_equal_the_unpadded_forward(monkeypatch):
-    """`RESPEC_PAD_ROWS=8` (compiled.tree_bucket, forced on a float32 tiny model): forwards of 3-8
-    rows run padded to 8 through the bucket's static graph and larger ones through the symbolic
-    graph; chains and branching trees alike give the eager logits, hidden states and numbers,
+    """`RESPEC_PAD_ROWS=4,8` (compiled.tree_buckets, forced on a float32 tiny model): forwards of
+    3-4 rows run padded to 4 and of 5-8 rows to 8 through the buckets' static graphs, larger ones
+    through the symbolic graph; chains and branching trees alike give the eager logits, hidden states and numbers,
     the cache holds only the real rows, and nothing compiles after the warm-up."""
-    monkeypatch.setenv("RESPEC_PAD_ROWS", "8")
+    monkeypatch.setenv("RESPEC_PAD_ROWS", "4,8")
     eager = make_target("llama", dtype=torch.float32)
     compiled = make_target("llama", dtype=torch.float32)
     compiled.enable_compile(progress=False)
-    assert compiled._bucket == 8
+    assert compiled._buckets == (4, 8) and compiled.bucket_choice == {}, "forced: not re-measured"
     rng = random.Random(4)
     eager.prefill(PROMPT)
     compiled.prefill(PROMPT)
@@ -189,3 +189,63 @@ def test_trees_padded_to_a_static_bucket_equal_the_unpadded_forward(monkeypatch)
     out = run(compiled, "vanilla", PROMPT, max_new_tokens=30)
     drafter = OracleDrafter(out.tokens, len(PROMPT), "partial", compiled.vocab_size, seed=5)
     assert run(compiled, "eagle2", PROMPT, drafter=drafter, max_new_tokens=30).tokens == out.tokens
+
+
+def test_choose_buckets_keeps_a_bucket_only_where_padding_beats_the_symbolic_graph_at_its_fewest_rows():
+    """Pure, on given times: each bucket is judged at the fewest rows it would serve (3, or one
+    more than the last bucket kept); a dropped bucket's rows fall to the next one, judged from there."""
+    from respec.models.compiled import BUCKET_MARGIN, bucket_for, choose_buckets
+    asked = []
+
+    def times(table):
+        def time_pair(bucket, rows):
+            asked.append((bucket, rows))
+            return table[bucket, rows]
+        return time_pair
+    kept, why = choose_buckets((4, 8), times({(4, 3): (13.0, 20.0), (8, 5): (19.0, 23.0)}), margin=0.9)
+    assert kept == (4, 8) and asked == [(4, 3), (8, 5)]
+    assert why == {4: (3, 13.0, 20.0), 8: (5, 19.0, 23.0)}
+    asked.clear()
+    kept, why = choose_buckets((4, 8), times({(4, 3): (20.0, 21.0), (8, 3): (24.0, 30.0)}), margin=0.9)
+    assert kept == (8,) and asked == [(4, 3), (8, 3)], "4 barely faster: dropped; 8 judged from 3 rows"
+    assert why == {4: (3, 20.0, 21.0), 8: (3, 24.0, 30.0)}
+    kept, _ = choose_buckets((16,), times({(16, 3): (40.0, 30.0)}))
+    assert kept == () and BUCKET_MARGIN < 1.0
+    assert choose_buckets((), times({})) == ((), {})
+    assert [bucket_for((4, 8), n) for n in (1, 2, 3, 4, 5, 8, 9)] == [None, None, 4, 4, 8, 8, None]
+    assert bucket_for((), 5) is None
+
+
+def test_tree_buckets_defaults_and_the_forcing_variable(monkeypatch):
+    from respec.models.compiled import FLOAT32_BUCKETS, forced_buckets, tree_buckets
+    cpu = torch.device("cpu")
+    monkeypatch.delenv("RESPEC_PAD_ROWS", raising=False)
+    monkeypatch.delenv("RESPEC_ONE_ROW_AUTOTUNE", raising=False)
+    assert forced_buckets() is None
+    assert tree_buckets(cpu, torch.float32) == FLOAT32_BUCKETS
+    assert tree_buckets(cpu, torch.float16) == ()
+    assert tree_buckets(torch.device("cuda"), torch.float32) == ()
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE")
+    assert tree_buckets(cpu, torch.bfloat16) == ()                     # stands in for a CPU without AMX
+    monkeypatch.setenv("RESPEC_ONE_ROW_AUTOTUNE", "0")
+    assert tree_buckets(cpu, torch.float32) == ()                      # no small-row autotune: no static graphs
+    monkeypatch.setenv("RESPEC_PAD_ROWS", "8, 4,2")
+    assert tree_buckets(cpu, torch.float32) == (4, 8) == forced_buckets()   # forced anywhere; < 3 dropped
+    monkeypatch.setenv("RESPEC_PAD_ROWS", "0")
+    assert tree_buckets(cpu, torch.bfloat16) == ()
+    monkeypatch.setenv("RESPEC_PAD_ROWS", "four")
+    with pytest.raises(ValueError, match="RESPEC_PAD_ROWS"):
+        tree_buckets(cpu, torch.float32)
+
+
+def test_the_default_float32_buckets_are_measured_at_warm_up_and_kept_only_where_faster(pair):
+    """The tiny float32 model compiles with FLOAT32_BUCKETS and keeps what `choose_buckets` found
+    faster on this machine (which ones is the machine's business; the record must agree with it)."""
+    from respec.models.compiled import BUCKET_MARGIN, FLOAT32_BUCKETS
+    _, compiled = pair
+    choice = compiled.bucket_choice
+    assert choice and set(choice) <= set(FLOAT32_BUCKETS) and min(choice) == FLOAT32_BUCKETS[0]
+    assert set(compiled._buckets) <= set(choice)
+    for b, (rows, padded, symbolic) in choice.items():
+        assert 3 <= rows <= b and padded > 0 and symbolic > 0
+        assert (b in compiled._buckets) == (padded < BUCKET_MARGIN * symbolic)

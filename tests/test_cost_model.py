@@ -287,7 +287,6 @@ def test_check_vocab_holds_the_tokens_to_match_and_only_draftable_ids():
 def test_the_depth_cut_stops_growing_a_tree_whose_next_layer_cannot_pay():
     """expand_tree asks the rule before each layer; the drafter's rule compares the frontier's
     calibrated mass per layer-millisecond with the best rate the nodes so far reach."""
-    import time
     import torch
     from respec.config import TreeConfig
     from respec.drafters.eagle2 import DEPTH_SOURCE, Eagle2Drafter, expand_tree
@@ -305,8 +304,9 @@ def test_the_depth_cut_stops_growing_a_tree_whose_next_layer_cannot_pay():
 
     target = make_target("llama", seed=0)
     d = Eagle2Drafter(target, random_head(target), cfg)
+    d.clock = lambda: 0.0                                            # no drafting time spent so far
     cm = CostModel(lambda n: dict(AMX), max_size=16)
-    rule = d._expand_rule(cm, cfg, time.perf_counter())
+    rule = d._expand_rule(cm, cfg, 0.0)
     assert rule([-0.1], [-0.1]), "no layer timed yet: grow"
     cm.draft_ms(DEPTH_SOURCE, 4.0)
     confident, unsure = [math.log(0.9), math.log(0.8)], [math.log(0.01), math.log(0.005)]
@@ -318,7 +318,7 @@ def test_the_depth_cut_stops_growing_a_tree_whose_next_layer_cannot_pay():
     free = CostModel(lambda n: {1: 50.0, 64: 50.0}, max_size=16)      # verifying 64 tokens costs what one does
     for _ in range(3):
         free.draft_ms(DEPTH_SOURCE, 0.01)
-    assert d._expand_rule(free, cfg, time.perf_counter())(confident + unsure, unsure), \
+    assert d._expand_rule(free, cfg, 0.0)(confident + unsure, unsure), \
         "but 1.5% of a token is worth a layer that costs next to nothing where its slot is free"
 
 
@@ -326,7 +326,6 @@ def test_the_depth_cut_counts_the_verify_cost_of_the_slots_a_layer_needs():
     """Where a two-token forward costs 1.4 one-token forwards (bf16 without dot-product
     instructions), a tree that keeps nothing yet stops instead of growing a layer that could not pay
     for its slot, though the layer alone is cheap against the frontier's mass; the flat curve grows it."""
-    import time
     from respec.config import TreeConfig
     from respec.cost import interpolate_cost
     from respec.drafters.eagle2 import DEPTH_SOURCE, Eagle2Drafter, layer_rate_bound
@@ -349,10 +348,11 @@ def test_the_depth_cut_counts_the_verify_cost_of_the_slots_a_layer_needs():
     target = make_target("llama", seed=0)
     cfg = TreeConfig(top_k=4, depth=4, total_tokens=16, auto=True)
     d = Eagle2Drafter(target, random_head(target), cfg)
+    d.clock = lambda: 0.0                                            # no drafting time spent so far
     for curve, grows in ((steep, False), (AMX, True)):
         cm = CostModel(lambda n, c=curve: dict(c), max_size=16)
         cm.draft_ms(DEPTH_SOURCE, 3.4)
-        assert d._expand_rule(cm, cfg, time.perf_counter())(weak, weak) is grows
+        assert d._expand_rule(cm, cfg, 0.0)(weak, weak) is grows
 
 
 def test_the_depth_cut_says_why_in_the_decision_and_can_be_switched_off():
@@ -411,7 +411,6 @@ def test_a_draft_far_below_a_plain_step_counts_twice_and_a_long_catch_up_is_not_
     """A draft at under FAR_SHORT of a plain step's rate backs a head without earnings off after
     one draft; feeding a queue longer than one step commits (here the prompt, made slow) is paid
     once whatever is drafted, so the first tree's plan is charged its growth only."""
-    import time as _time
     from respec.config import TreeConfig
     from respec.drafters.eagle2 import FAR_SHORT, Eagle2Drafter
     from respec.drafters.eagle_head import random_head
@@ -421,22 +420,25 @@ def test_a_draft_far_below_a_plain_step_counts_twice_and_a_long_catch_up_is_not_
     d = Eagle2Drafter(target, random_head(target), TreeConfig(total_tokens=8, depth=2, top_k=2, auto=True))
     plan = d._plan(far, cm, draft_ms=80.0).auto.plan                 # 1.5 tokens per 130 ms: 0.58x
     assert plan.rate_vs_plain < FAR_SHORT and d._skip == 4, "one far-short draft: two misses, off for 4 steps"
+    # the drafter's clock is injected: it moves only when the catch-up "takes" 300 ms, and a tree
+    # layer costs the cost model's median (seeded at 2 ms, so the two layers timed live cannot move it)
+    cm = CostModel(lambda n: dict(AMX), max_size=8)                  # a fresh one: no 80 ms draft in its median
+    for _ in range(OFFSET_WINDOW):
+        cm.draft_ms(DEPTH_SOURCE, 2.0)
     prompt = list(range(3, 40))
     d2 = Eagle2Drafter(target, random_head(target), TreeConfig(total_tokens=4, depth=2, top_k=2, auto=True))
+    now = [100.0]                                                    # seconds
+    d2.clock = lambda: now[0]
     d2.reset(prompt, target.prefill(prompt).hidden)
     d2._probing = False
     fed = d2.catch_up
 
     def slow_catch_up(*args, **kwargs):
-        _time.sleep(0.3)
+        now[0] += 0.3
         return fed(*args, **kwargs)
     d2.catch_up = slow_catch_up
-    t0 = _time.perf_counter()
     draft = d2.draft_tree(prompt, 7, cost=cm)
-    took = (_time.perf_counter() - t0) * 1000
-    charged = draft.auto.plan.cost_ms - interpolate_cost(cm.curve(), draft.auto.plan.size) if draft.auto.plan.size > 1 \
-        else None
-    assert took >= 300.0
-    if charged is not None:                                          # a tree was kept: its charge shows
-        assert charged < 150.0, (charged, took)
-    assert d2._drafted_ms is not None and d2._drafted_ms < took - 150.0, "the 300 ms catch-up is not the draft's"
+    assert now[0] == pytest.approx(100.3), "the catch-up ran once"
+    assert d2._drafted_ms == pytest.approx(2.0), "the 300 ms catch-up is not the draft's: one layer's 2 ms instead"
+    if draft.auto.plan.size > 1:                                     # a tree was kept: its charge shows
+        assert draft.auto.plan.cost_ms - interpolate_cost(cm.curve(), draft.auto.plan.size) == pytest.approx(2.0)

@@ -175,7 +175,11 @@ def test_every_output_layer_route_gives_the_compiled_logits_and_draft_logits_fol
         monkeypatch.setenv("RESPEC_LINEAR_LAYOUT", "off")
         routes = compiled.measure_routes(rows=(1, 2, 4), rounds=1)
         assert set(routes) == {1, 2, 3, 4} and set(routes.values()) <= {"compiled", "eager"}
-        assert "draft output layer" in compiled.describe_routes()
+        assert "draft output layer" in compiled.describe_routes() == head.output_layer_routes()
+        assert eager_head.output_layer_routes() == "eager"
+        monkeypatch.setenv("RESPEC_LINEAR_LAYOUT", "sideways")
+        with pytest.raises(ValueError, match="RESPEC_LINEAR_LAYOUT"):
+            compiled.measure_routes(rows=(1,), rounds=1)
     finally:
         compiled.routes = saved
 

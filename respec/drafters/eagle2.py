@@ -25,7 +25,7 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
@@ -154,6 +154,7 @@ class Eagle2Drafter:
 
     name = "eagle2"
     needs_hidden = True
+    clock: Callable[[], float] = staticmethod(time.perf_counter)   # seconds; tests inject a fake one
 
     def __init__(self, target: TargetModel, head: EagleHead, tree: TreeConfig,
                  backoff: "HeadBackoff | None" = None) -> None:
@@ -305,7 +306,7 @@ class Eagle2Drafter:
             self._skip -= 1
             return EagleDraft(DraftTree.root_only(root), AutoDecision(
                 plan=None, kept=1, reason=f"auto: the head did not pay recently; next probe in {self._skip + 1} steps"))
-        t0 = time.perf_counter()
+        t0 = self.clock()
         if not self._pending and self.kv_len == 0:
             raise RuntimeError("EAGLE drafter used before reset")
         probing = cost is not None and self._probing
@@ -327,11 +328,10 @@ class Eagle2Drafter:
         self._probing = False
         # a queue longer than one step commits (the prompt, a sit-out) is fed once whatever is
         # drafted: the plan is charged the tree's growth and one head row in its place
-        t_tree = time.perf_counter() if self.kv_len - fed_from > cfg.depth + 1 else None
+        t_tree = self.clock() if self.kv_len - fed_from > cfg.depth + 1 else None
         stable = self.kv_len
         step_fn, expand = self._step_fn(stable), None
-        self._cut = None
-        timer = None
+        self._cut, timer = None, None
         if cost is not None and cfg.depth_cut:
             timer = _LayerTimer(step_fn, cost, self._cuda)
             step_fn, expand = timer, self._expand_rule(cost, cfg, t0, timer)
@@ -345,7 +345,7 @@ class Eagle2Drafter:
                 self.cache.crop(-added)      # the draft tree's KV is scratch: keep the context only
         if cost is None:
             return EagleDraft(tree)
-        now = time.perf_counter()
+        now = self.clock()
         charged = ((now - t0) * 1000 if t_tree is None else
                    (now - t_tree) * 1000 + (cost.draft_ms(DEPTH_SOURCE) or self.head.row_ms(self.target)))
         return self._plan(tree, cost, charged)
@@ -379,7 +379,7 @@ class Eagle2Drafter:
             if layer_ms <= 0.0:
                 return True
             probs = sorted(calibrated(scores, kappa), reverse=True)
-            spent = (time.perf_counter() - t0) * 1000
+            spent = (self.clock() - t0) * 1000
             now = plan_size(probs, curve, spent, max_size=cfg.total_tokens)
             bound = kappa * sum(math.exp(sc) for sc in frontier)
             rate_now = now.expected_tokens / now.cost_ms

@@ -147,6 +147,10 @@ class EagleHead(nn.Module):
         self._compiled, self._row_ms = compiled, None
         self.row_ms(target)
 
+    def output_layer_routes(self) -> str:
+        """How the draft output layer runs: "eager", or the compiled head's routes per row count."""
+        return "eager" if self._compiled is None else self._compiled.describe_routes()
+
     def draft_logits(self, target: TargetModel, out: torch.Tensor) -> torch.Tensor:
         """Logits of predicted features out [q, H] over the draft vocabulary: [q, V] (all target
         ids) or [q, Vd] (index i is target id draft_vocab[i]); compiled once `enable_compile` ran."""

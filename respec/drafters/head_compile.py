@@ -39,6 +39,7 @@ Nothing is compiled at import.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from dataclasses import dataclass
 
@@ -47,7 +48,7 @@ import torch
 from respec.models.compiled import Trusted, compile_base_settings
 from respec.models.kv import reserve, slab_cache
 from respec.models.linear_layout import MARGIN as ROUTE_MARGIN
-from respec.models.linear_layout import transposed_linear
+from respec.models.linear_layout import check_layout_choice, transposed_linear
 
 ROUTE_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16)   # row counts the draft output layer's ways are timed at
 ROUTES = ("compiled", "eager", "transposed")
@@ -136,14 +137,12 @@ class CompiledHead:
         RESPEC_LINEAR_LAYOUT allows) at each of `rows`, interleaved, the fastest of `rounds`
         after one untimed call each, and set `routes` (`choose_routes`). CPU heads only; a
         GPU head keeps the compiled layer everywhere."""
-        import os
-
         dev = self.head.fc.weight.device
         if dev.type != "cpu":
             self.routes = {}
             return self.routes
         ways = ["compiled", "eager"]
-        if os.environ.get("RESPEC_LINEAR_LAYOUT", "auto").strip().lower() != "off":
+        if check_layout_choice(os.environ.get("RESPEC_LINEAR_LAYOUT", "auto")) != "off":
             ways.append("transposed")
         width = self.head.config.hidden_size
         times: dict[int, dict[str, float]] = {}

@@ -5,10 +5,11 @@ Contract:
   `freezing` (weights become constants of the graph, so bf16 linears run on prepacked oneDNN
   weights), as wrappers: one-token steps, two-token chains (on the CPU, with the autotuned
   small-row options of `one_row_options`; its rows marked static) and multi-token forwards
-  (trees); on a CPU with AMX in bf16, trees and chains of 3 to 16 rows are padded to a static
-  16-row graph with the same options (`tree_bucket`, `pad_rows`: the extra rows see only the
-  prefix and themselves and leave the cache after the call), and the symbolic-row graph serves
-  larger ones. All are compiled with dynamic shapes from the start (`dynamic=True`; a one-row
+  (trees); trees and chains of 3 rows and more are padded to the smallest of a few static row
+  counts that holds them (`tree_buckets`: 16 on a CPU with AMX in bf16, 4 and 8 in float32 on the
+  CPU, each kept only if the machine runs it faster, `choose_buckets`), each such graph with the
+  same options (`pad_rows`: the extra rows see only the prefix and themselves and leave the cache
+  after the call), and the symbolic-row graph serves larger ones. All are compiled with dynamic shapes from the start (`dynamic=True`; a one-row
   dimension stays specialised), so each graph compiles once for any tree size, context length and
   cache capacity. Left to dynamo's
   automatic dynamic shapes, every new size recompiled the 30-layer graph once more, and a first
@@ -60,6 +61,7 @@ where the run before gave 25.2 against 42.6 (warm-up 14 minutes); 2-core Intel X
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -136,8 +138,6 @@ def one_row_options(device: torch.device) -> dict | None:
     121 linears took 236 ms at 64 rows against oneDNN's 49-54). Each distinct linear shape adds a
     few seconds of timing to the compile. `RESPEC_ONE_ROW_AUTOTUNE=0` turns it off (None: the
     plain settings, no two-row graphs) for A/B measurements."""
-    import os
-
     if torch.device(device).type != "cpu" or os.environ.get("RESPEC_ONE_ROW_AUTOTUNE", "1") == "0":
         return None
     # the timings stay out of the console (a table per linear otherwise)
@@ -167,32 +167,89 @@ def pad_one_token(kwargs: dict) -> dict:
     return dict(kwargs, input_ids=torch.cat([ids, ids], dim=1), position_ids=torch.cat([pos, pos + 1], dim=1))
 
 
-def tree_bucket(device: torch.device, dtype: torch.dtype) -> int | None:
-    """The static row count that compiled forwards of 3 to that many rows are padded to (one graph,
-    its linears autotuned like the small-row graphs, `one_row_options`), or None: the symbolic-row
-    graph serves them. On by default on a CPU whose oneDNN may use AMX, in bfloat16: there
-    inductor's AMX micro-GEMM template beats the prepacked oneDNN linear at a handful of rows, and a
-    static 16-row graph's linears cost about what a static 2-row one's do (a throwaway benchmark of
-    the default model's 210 linears, 30 layers over distinct weights, 2-core Intel Xeon with AMX,
-    session 26: 9.6 ms static at 4 or 16 rows against 13.5 ms symbolic at 4 rows and 14.2 at 16;
-    8.6 static at 2 rows), so padding a 4-token tree to 16 rows still saves ~4 ms. Without AMX the
-    template gained nothing at 3-8 rows (session 24/25) and padding would only add rows.
-    `RESPEC_PAD_ROWS=0` turns it off, `RESPEC_PAD_ROWS=N` forces N rows (any device and dtype, for
-    A/B runs and tests); `ONEDNN_MAX_CPU_ISA` naming an ISA below AMX (e.g. AVX512_CORE) turns the
-    default off, since it stands in for a CPU without AMX."""
-    import os
+FLOAT32_BUCKETS = (4, 8)   # the float32 CPU default (tree_buckets); each kept only if measured faster
+# a bucket is kept where, at the fewest rows it serves (its worst case), its padded graph takes under
+# 95% of the symbolic one's time (the fastest of 5 interleaved rounds each). At 0.9 the default
+# model's 8-row graph was dropped on a 2-core AMD EPYC Zen 3 (float32, session 29) at 34.4 ms for 5
+# rows padded against 37.5 unpadded (0.92), though padded it cost 34.4 ms at 8 rows against 44.0
+BUCKET_MARGIN = 0.95
 
-    forced = os.environ.get("RESPEC_PAD_ROWS", "").strip()
-    if forced:
-        rows = int(forced)
-        return rows if rows >= 3 else None
-    if torch.device(device).type != "cpu" or dtype != torch.bfloat16 or one_row_options(device) is None:
-        return None
+
+def tree_buckets(device: torch.device, dtype: torch.dtype) -> tuple[int, ...]:
+    """The static row counts (ascending) that compiled forwards of 3 rows and more are padded to,
+    each to the smallest bucket that holds it (one graph per bucket, its linears autotuned like the
+    small-row graphs, `one_row_options`); the symbolic-row graph serves larger ones. Empty: none.
+    - On a CPU whose oneDNN may use AMX, in bfloat16: (16,). There inductor's AMX micro-GEMM
+      template beats the prepacked oneDNN linear at a handful of rows, and a static 16-row graph's
+      linears cost about what a static 2-row one's do (a throwaway benchmark of the default model's
+      210 linears, 30 layers over distinct weights, 2-core Intel Xeon with AMX, session 26: 9.6 ms
+      static at 4 or 16 rows against 13.5 ms symbolic at 4 rows and 14.2 at 16; 8.6 static at 2
+      rows), so padding a 4-token tree to 16 rows still saves ~4 ms. bfloat16 without AMX: none
+      (the template gained nothing at 3-8 rows, session 24/25).
+    - float32 on the CPU: FLOAT32_BUCKETS. On a 2-core AMD EPYC Zen 3 (AVX2) the same 210 float32
+      linears took 13.4 / 13.6 / 19.8 ms static and autotuned at 3 / 4 / 8 rows against 20.6 /
+      21.9 / 26.3 ms symbolic (oneDNN), and the whole 3-token forward 30.2 ms against 20.2 for
+      the static 2-token one (session 29, throwaway scripts).
+    Defaults are checked on the machine at warm-up (`choose_buckets`): a bucket whose padded
+    forward is not faster than the symbolic graph at the fewest rows it would serve is dropped.
+    `RESPEC_PAD_ROWS=0` turns buckets off; `RESPEC_PAD_ROWS=N` or `N,M,...` forces those buckets
+    (any device and dtype, not re-measured: A/B runs and tests); `ONEDNN_MAX_CPU_ISA` naming an ISA
+    below AMX (e.g. AVX512_CORE) turns the bfloat16 default off, since it stands in for a CPU
+    without AMX."""
+    forced = forced_buckets()
+    if forced is not None:
+        return forced
+    if torch.device(device).type != "cpu" or one_row_options(device) is None:
+        return ()
+    if dtype == torch.float32:
+        return FLOAT32_BUCKETS
+    if dtype != torch.bfloat16:
+        return ()
     isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
     if isa and "AMX" not in isa and isa not in ("ALL", "DEFAULT"):
-        return None
+        return ()
     amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
-    return 16 if amx is not None and amx() else None
+    return (16,) if amx is not None and amx() else ()
+
+
+def forced_buckets() -> tuple[int, ...] | None:
+    """RESPEC_PAD_ROWS as buckets (counts below 3 dropped), or None when it is unset; ValueError
+    naming it when it is not a comma-separated list of whole numbers."""
+    forced = os.environ.get("RESPEC_PAD_ROWS", "").strip()
+    if not forced:
+        return None
+    try:
+        rows = [int(r) for r in forced.split(",") if r.strip()]
+    except ValueError:
+        raise ValueError(f"RESPEC_PAD_ROWS must be whole numbers separated by commas, got {forced!r}") from None
+    return tuple(sorted({r for r in rows if r >= 3}))
+
+
+def bucket_for(buckets: tuple[int, ...], rows: int) -> int | None:
+    """The smallest bucket holding a forward of `rows` rows (3 or more), or None: unpadded."""
+    if rows < 3:
+        return None
+    return next((b for b in buckets if b >= rows), None)
+
+
+def choose_buckets(buckets: tuple[int, ...], time_pair: Callable[[int, int], tuple[float, float]],
+                   margin: float = BUCKET_MARGIN) -> tuple[tuple[int, ...], dict[int, tuple[int, float, float]]]:
+    """The buckets worth keeping, in ascending order, and what decided each: {bucket: (rows,
+    padded ms, symbolic ms)}. `time_pair(bucket, rows)` times a forward of `rows` rows padded to
+    `bucket` and unpadded (symbolic). Each bucket is judged at the fewest rows it would serve (3,
+    or one more than the last bucket kept), where padding costs most: kept only if its padded
+    forward takes under `margin` of the symbolic one's; a bucket dropped leaves its rows to the
+    next. Pure given `time_pair` (tests pass given times)."""
+    kept, why, lo = [], {}, 3
+    for b in sorted(buckets):
+        if b < lo:
+            continue
+        padded, symbolic = time_pair(b, lo)
+        why[b] = (lo, padded, symbolic)
+        if padded < margin * symbolic:
+            kept.append(b)
+            lo = b + 1
+    return tuple(kept), why
 
 
 def pad_rows(kwargs: dict, rows: int, past: int, dtype: torch.dtype) -> dict:
@@ -224,12 +281,13 @@ def first_rows(out, n: int):
     return out
 
 
-def compile_base(base: torch.nn.Module, bucket: int | None = None) -> Trusted:
+def compile_base(base: torch.nn.Module, buckets: tuple[int, ...] = ()) -> Trusted:
     """The base model's forward compiled (see the module docstring). One-token steps and
     multi-token forwards (trees) go through two separately compiled wrappers, so the one-token
     graph keeps its single query row static (specialised kernels) while the other's row count is
-    symbolic. `bucket` (`tree_bucket`): masked forwards of exactly that many rows (the caller pads
-    to it, `pad_rows`) get a static graph of their own with the small-row options."""
+    symbolic. With `buckets` (`tree_buckets`), a forward called with `static=True` (the caller
+    padded it to a bucket, `pad_rows`) goes to a static graph per row count, with the small-row
+    options."""
     compile_base_settings(next(base.parameters()).device)
 
     def one_token(**kwargs):
@@ -250,14 +308,14 @@ def compile_base(base: torch.nn.Module, bucket: int | None = None) -> Trusted:
     # graphs are autotuned: see `one_row_options`
     two = None if options is None else torch.compile(two_tokens, backend="inductor", dynamic=True, options=options)
     many = torch.compile(several, backend="inductor", dynamic=True)
-    padded = None if bucket is None else torch.compile(bucket_rows, backend="inductor", dynamic=True,
-                                                       options=options or None)
+    padded = None if not buckets else torch.compile(bucket_rows, backend="inductor", dynamic=True,
+                                                    options=options or None)
 
-    def forward(**kwargs):
+    def forward(static: bool = False, **kwargs):
         rows = kwargs["input_ids"].shape[1]
         if rows == 1:
             return one(**kwargs)
-        if rows == bucket and padded is not None and kwargs.get("attention_mask") is not None:
+        if static and padded is not None:
             torch._dynamo.mark_static(kwargs["input_ids"], 1)           # [1, bucket]
             torch._dynamo.mark_static(kwargs["position_ids"], 1)        # [1, bucket]
             torch._dynamo.mark_static(kwargs["attention_mask"], 2)      # [1, 1, bucket, past + bucket]
@@ -341,15 +399,17 @@ def warm_up(target, progress: bool = True, pause: Callable[[], None] | None = No
     long = min(INITIAL_CAPACITY + 16, max(48, target.context_length // 2))
     # chains (the model's causal mask) and branching trees (an explicit tree mask) are separate
     # graphs: both are compiled, at two sizes each, before and after the growth
-    # with a bucket (`tree_bucket`), 3..bucket rows are the padded static graph and the symbolic-row
-    # graphs serve larger trees only: their shapes move above the bucket, and the padded graph warms
-    # up at a chain and a tree size on each side of the growth
-    up = target._bucket or 0
+    # with buckets (`tree_buckets`), 3..max(buckets) rows are the padded static graphs and the
+    # symbolic-row graphs serve larger trees only: their shapes move above the buckets, and each
+    # bucket's graph warms up at a chain and a tree size on each side of the growth
+    buckets = target._buckets
+    up = max(buckets, default=0)
+    los = [3] + [b + 1 for b in buckets[:-1]]          # the fewest rows each bucket serves
     plan = [("prefill", 24), ("chain", 1), ("chain", 1), ("chain", 1), ("chain", 3 + up), ("chain", 5 + up),
             ("chain", 2), ("tree", 3 + up), ("tree", 6 + up), ("tree", 4 + up)]
-    plan += [("chain", 3), ("tree", 4)] if up else []
+    plan += [step for lo, b in zip(los, buckets) for step in (("chain", lo), ("tree", b))]
     plan += [("prefill", long), ("chain", 1), ("chain", 2), ("chain", 4 + up), ("tree", 5 + up)]
-    plan += [("tree", 3), ("chain", 5)] if up else []
+    plan += [step for lo, b in zip(los, buckets) for step in (("tree", lo), ("chain", b))]
     with target.scratch_cache():
         bar = tqdm(plan, desc=f"compiling {target.name}'s forward (once per process)", disable=not progress,
                    unit="shape")

@@ -33,8 +33,8 @@ from transformers import DynamicCache
 
 from respec.models.base import TargetOutput
 from respec.models.compat import cache_kwarg, check_placement, check_transformers, cuda_devices
-from respec.models.compiled import (compile_base, compile_logits, first_rows, one_row_as_two, pad_one_token,
-                                    pad_rows, tree_bucket, warm_up)
+from respec.models.compiled import (bucket_for, choose_buckets, compile_base, compile_logits, first_rows,
+                                    forced_buckets, one_row_as_two, pad_one_token, pad_rows, tree_buckets, warm_up)
 from respec.models.attention import additive_mask, use_tree_attention
 from respec.models.linear_layout import LinearLayouts, linear_layouts
 from respec.models.kv import reserve, slab_cache
@@ -81,7 +81,8 @@ class HFTarget:
         self._compiled_logits = None                          # compiled output layer + cast (enable_compile)
         self._feature_graphs = False                          # compiled graphs returning layer inputs warmed up
         self._pad_one = False                                 # compiled one-token steps run as two rows
-        self._bucket = None                                   # compiled 3..bucket-row forwards padded to it
+        self._buckets: tuple[int, ...] = ()                   # compiled forwards of 3+ rows padded to these
+        self.bucket_choice: dict[int, tuple[int, float, float]] = {}   # what kept or dropped each (choose_buckets)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -178,10 +179,12 @@ class HFTarget:
             padded = self._pad_one and rows == 1 and kwargs.get("attention_mask") is None
             if padded:
                 kwargs = pad_one_token(kwargs)
-            # trees of 3..bucket rows run as the bucket's static graph (compiled.tree_bucket)
-            if self._bucket is not None and 3 <= rows <= self._bucket:
-                extra = self._bucket - rows
-                kwargs = pad_rows(kwargs, self._bucket, self.kv_len, self.dtype)
+            # trees of 3+ rows run as the smallest bucket's static graph that holds them (compiled.tree_buckets)
+            bucket = bucket_for(self._buckets, rows)
+            if bucket is not None:
+                extra = bucket - rows
+                kwargs = pad_rows(kwargs, bucket, self.kv_len, self.dtype)
+                kwargs["static"] = True
             reserve(self.cache, int(kwargs["input_ids"].shape[1]))
             forward = self._compiled
             if self.feature_layers is not None:   # a compiled graph runs no hooks added after it: ask for outputs
@@ -203,17 +206,55 @@ class HFTarget:
     def compiled(self) -> bool:
         return self._compiled is not None
 
+    @property
+    def buckets(self) -> tuple[int, ...]:
+        """The static row counts compiled forwards of 3+ rows are padded to (compiled.tree_buckets)."""
+        return self._buckets
+
     def enable_compile(self, progress: bool = True, pause=None) -> float:
         """Compile the base forward and pay its compiles now (respec/models/compiled.py); returns
         the warm-up's seconds (`pause`: see compiled.warm_up). Measured verify-cost curves are
         dropped (they timed the eager forward)."""
-        if self._compiled is None:
-            self._bucket = tree_bucket(self.device, self.dtype)
-            self._compiled = compile_base(self._base, self._bucket)
-            self._compiled_logits = compile_logits(self)
-            self._pad_one = one_row_as_two(self.device, self.dtype)
-            self._cost_curves.clear()
-        return warm_up(self, progress=progress, pause=pause)
+        if self._compiled is not None:
+            return warm_up(self, progress=progress, pause=pause)
+        self._buckets = tree_buckets(self.device, self.dtype)
+        self._compiled = compile_base(self._base, self._buckets)
+        self._compiled_logits = compile_logits(self)
+        self._pad_one = one_row_as_two(self.device, self.dtype)
+        self._cost_curves.clear()
+        seconds = warm_up(self, progress=progress, pause=pause)
+        if self._buckets and forced_buckets() is None:      # defaults are checked on this machine
+            self._buckets, self.bucket_choice = choose_buckets(self._buckets, self._bucket_timer(pause))
+        return seconds
+
+    def _bucket_timer(self, pause=None):
+        """choose_buckets' `time_pair`: ms of a branching tree forward of `rows` rows padded to
+        `bucket` and unpadded, at a 256-token context in a scratch cache, the fastest of 5
+        interleaved rounds after one untimed call each (`pause`: called before each round)."""
+        def time_pair(bucket: int, rows: int) -> tuple[float, float]:
+            tree = DraftTree.from_parents(list(range(1, rows + 1)), [-1] + [(i - 1) // 2 for i in range(1, rows)],
+                                          "eagle")
+            saved, best = self._buckets, {(bucket,): float("inf"), (): float("inf")}
+            try:
+                with self.scratch_cache(), torch.inference_mode():
+                    context = min(256, self.context_length // 2)
+                    self._forward(input_ids=torch.arange(context, device=self.device)[None] % min(self.vocab_size, 1000))
+                    for r in range(6):
+                        if pause is not None:
+                            pause()
+                        for way in best:
+                            self._buckets = way
+                            t0 = time.perf_counter()
+                            self.forward_tree(tree, need_hidden=False)
+                            ms = (time.perf_counter() - t0) * 1000
+                            self.keep([0])
+                            self.cache.crop(-1)
+                            if r:                       # the first call of a shape pays allocation
+                                best[way] = min(best[way], ms)
+            finally:
+                self._buckets = saved
+            return best[(bucket,)], best[()]
+        return time_pair
 
     def twin(self) -> "HFTarget":
         """Another target over the same weights, with its own cache and nothing compiled: a
@@ -231,7 +272,7 @@ class HFTarget:
         if twin.model is not self.model or not twin.compiled:
             raise ValueError("adopt_compiled takes a compiled twin of this target (HFTarget.twin, enable_compile)")
         self._pad_one = twin._pad_one
-        self._bucket = twin._bucket
+        self._buckets, self.bucket_choice = twin._buckets, twin.bucket_choice
         self._compiled_logits = twin._compiled_logits
         self._compiled = twin._compiled
         self._cost_curves.clear()
