@@ -167,6 +167,7 @@ def test_trees_padded_to_a_static_bucket_equal_the_unpadded_forward(monkeypatch)
     compiled = make_target("llama", dtype=torch.float32)
     compiled.enable_compile(progress=False)
     assert compiled._buckets == (4, 8) and compiled.bucket_choice == {}, "forced: not re-measured"
+    assert compiled.describe_buckets() == "compiled trees padded to static graphs of 4, 8 rows"
     rng = random.Random(4)
     eager.prefill(PROMPT)
     compiled.prefill(PROMPT)
@@ -249,3 +250,5 @@ def test_the_default_float32_buckets_are_measured_at_warm_up_and_kept_only_where
     for b, (rows, padded, symbolic) in choice.items():
         assert 3 <= rows <= b and padded > 0 and symbolic > 0
         assert (b in compiled._buckets) == (padded < BUCKET_MARGIN * symbolic)
+        assert f"{b} rows: {rows} padded" in compiled.describe_buckets()
+    assert compiled.buckets == compiled._buckets

@@ -442,3 +442,61 @@ def test_a_draft_far_below_a_plain_step_counts_twice_and_a_long_catch_up_is_not_
     assert d2._drafted_ms == pytest.approx(2.0), "the 300 ms catch-up is not the draft's: one layer's 2 ms instead"
     if draft.auto.plan.size > 1:                                     # a tree was kept: its charge shows
         assert draft.auto.plan.cost_ms - interpolate_cost(cm.curve(), draft.auto.plan.size) == pytest.approx(2.0)
+
+
+def test_a_drafts_overrun_is_learned_from_kept_plans_and_never_makes_drafting_look_cheaper():
+    """cost.DraftOverrun: realised minus predicted ms per kept plan, decayed, with a prior of one
+    plan that overran by nothing, and never below 0."""
+    from respec.cost import OVERRUN_DECAY, DraftOverrun
+    o = DraftOverrun()
+    assert o.ms == 0.0
+    o.add(30.0, 40.0)
+    assert o.ms == pytest.approx(10.0 / 2.0), "one plan 10 ms over, against the prior's one at 0"
+    o.add(30.0, 40.0)
+    assert o.ms == pytest.approx((10.0 * OVERRUN_DECAY + 10.0) / (OVERRUN_DECAY + 2.0))
+    for _ in range(100):
+        o.add(30.0, 40.0)
+    assert o.ms == pytest.approx(10.0, rel=0.15), "a steady 10 ms overrun is learned"
+    cheap = DraftOverrun()
+    cheap.add(40.0, 30.0)
+    assert cheap.ms == 0.0, "a plan that came in under its prediction does not make drafting look free"
+
+
+def test_an_eagle_plan_is_charged_the_heads_overrun_and_observe_learns_it():
+    """Eagle2Drafter._plan charges DraftOverrun.ms with the drafting: a tree that pays as predicted
+    counts as a miss (towards the back-off) once the head's kept plans have overrun by enough, and
+    a probe refuses a one-token draft that would pay without it; observe records a kept
+    plan's realised cost (its drafting + the step's verify ms) against its prediction, overrun
+    excluded; the runner's HeadBackoff carries the same record."""
+    from respec.config import TreeConfig
+    from respec.drafters.base import Proposal, StepOutcome
+    from respec.drafters.eagle2 import Eagle2Drafter
+    from respec.drafters.eagle_head import random_head
+    from respec.memory import HeadBackoff
+    from respec.verify import Verdict
+    target = make_target("llama", seed=0)
+    backoff = HeadBackoff()
+    d = Eagle2Drafter(target, random_head(target), TreeConfig(total_tokens=8, depth=2, top_k=2, auto=True),
+                      backoff=backoff)
+    assert d._overrun is backoff.overrun
+    cm = CostModel(lambda n: dict(AMX), max_size=8)                  # a plain step: 50 ms, two tokens 50 ms
+    good = DraftTree.from_parents([5, 6, 7], [-1, 0, 1], "eagle", scores=[0.0, math.log(0.6), math.log(0.5)])
+    draft = d._plan(good, cm, draft_ms=10.0, wall_ms=25.0)
+    plan = draft.auto.plan
+    assert plan.size > 1 and plan.rate_vs_plain > 1.0, "pays as predicted"
+    assert d._kept_plan == (pytest.approx(plan.cost_ms), 25.0)
+    verdict = Verdict(path=(0, 1), next_token=9, next_kind="bonus", node_status=("accepted", "accepted", "rejected"))
+    d.observe(StepOutcome(proposal=Proposal(tree=draft.tree, source="eagle"), verdict=verdict, committed=[5, 6],
+                          committed_hidden=None, next_root=9, verify_ms=plan.cost_ms - 10.0 + 40.0))
+    # realised: 25 ms of drafting + the verify; predicted: the plan's cost (its 10 ms drafting in it)
+    assert backoff.overrun.total == pytest.approx(25.0 + 40.0 - 10.0) and d._kept_plan is None
+    for _ in range(30):                                              # a head whose plans overran by 55 ms each
+        backoff.overrun.add(60.0, 115.0)
+    d2 = Eagle2Drafter(target, random_head(target), TreeConfig(total_tokens=8, depth=2, top_k=2, auto=True),
+                       backoff=backoff)
+    judged = d2._plan(good, CostModel(lambda n: dict(AMX), max_size=8), draft_ms=10.0).auto
+    assert judged.plan.rate_vs_plain < 1.0 and d2._misses == 1, "the same tree no longer pays: a miss"
+    assert f"charged {backoff.overrun.ms:.1f} ms of past overrun" in judged.reason
+    d2._hits, d2._rows = 15, 16
+    assert d2._probe_refusal(CostModel(lambda n: dict(AMX), max_size=8)) is not None, \
+        "nor does a one-token draft at 15 of 16 once its overrun is charged"

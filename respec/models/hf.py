@@ -25,6 +25,7 @@ verify-cost curve synchronises every CUDA device holding weights.
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from typing import TYPE_CHECKING, Iterator, Sequence
 
@@ -225,7 +226,17 @@ class HFTarget:
         seconds = warm_up(self, progress=progress, pause=pause)
         if self._buckets and forced_buckets() is None:      # defaults are checked on this machine
             self._buckets, self.bucket_choice = choose_buckets(self._buckets, self._bucket_timer(pause))
+            if progress:
+                print(self.describe_buckets(), file=sys.stderr)
         return seconds
+
+    def describe_buckets(self) -> str:
+        """One line: the static row counts in use and, where measured, what kept or dropped each."""
+        measured = "; ".join(f"{b} rows: {rows} padded {padded:.1f} ms against {symbolic:.1f} unpadded, "
+                             + ("kept" if b in self._buckets else "dropped")
+                             for b, (rows, padded, symbolic) in self.bucket_choice.items())
+        return (f"compiled trees padded to static graphs of {', '.join(map(str, self._buckets)) or 'none'} rows"
+                + (f" ({measured})" if measured else ""))
 
     def _bucket_timer(self, pause=None):
         """choose_buckets' `time_pair`: ms of a branching tree forward of `rows` rows padded to
