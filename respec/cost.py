@@ -33,7 +33,6 @@ from typing import Callable, Mapping, Sequence
 
 OFFSET_WINDOW = 9   # recent steps whose medians (verify-time residual, draft ms) feed the plan
 MIN_GAIN = 0.02     # a bigger draft must beat the best smaller one by 2% (timing noise, overheads)
-OVERRUN_DECAY = 0.9  # per kept plan: a drafter's overrun is judged over its last ~10 kept plans
 
 
 def cost_max_size(config) -> int:
@@ -80,26 +79,6 @@ class SizePlan:
     def to_dict(self) -> dict:
         return {"kept": self.size, "of": self.of, "expected_tokens": round(self.expected_tokens, 3),
                 "cost_ms": round(self.cost_ms, 2), "rate_vs_plain": round(self.rate_vs_plain, 3)}
-
-
-@dataclass
-class DraftOverrun:
-    """What a drafter's kept plans realised beyond their prediction, in ms per plan: the step's
-    whole drafting time plus its verify time, minus the plan's `cost_ms` (decayed sums, a prior
-    of one plan that overran by nothing; never below 0, so a plan is never judged cheaper than
-    its own parts). It prices what a plan does not see (feeding a long queue, work around the
-    forward): on a 2-core AMD EPYC Zen 3 (float32, session 29) compiled EAGLE-2's kept plans
-    predicted 33.4 ms and realised 42.2 (the same tokens), eager ones 82.4 and 86.1 ms."""
-    total: float = 0.0      # decayed Σ (realised - predicted) ms
-    weight: float = 0.0     # decayed count of kept plans
-
-    def add(self, predicted_ms: float, realised_ms: float) -> None:
-        self.total = OVERRUN_DECAY * self.total + (realised_ms - predicted_ms)
-        self.weight = OVERRUN_DECAY * self.weight + 1.0
-
-    @property
-    def ms(self) -> float:
-        return max(0.0, self.total / (self.weight + 1.0))
 
 
 @dataclass(frozen=True)
@@ -254,12 +233,10 @@ class CostModel:
         return float(statistics.median(window)) if window else 0.0
 
     def plan(self, source: str, probs: Sequence[float], draft_ms: float | None = None,
-             max_size: int | None = None, overrun_ms: float = 0.0) -> SizePlan:
-        """`plan_size` at this request's costs; `draft_ms` is this step's drafting time so far,
-        and `overrun_ms` what the drafter's plans have cost beyond their prediction (DraftOverrun),
-        charged with the drafting."""
+             max_size: int | None = None) -> SizePlan:
+        """`plan_size` at this request's costs; `draft_ms` is this step's drafting time so far."""
         cap = self.max_size if max_size is None else min(max_size, self.max_size)
-        return plan_size(probs, self.curve(), self.draft_ms(source, draft_ms) + overrun_ms, max_size=cap)
+        return plan_size(probs, self.curve(), self.draft_ms(source, draft_ms), max_size=cap)
 
     def plain_ms(self) -> float:
         return interpolate_cost(self.curve(), 1)

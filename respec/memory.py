@@ -6,16 +6,13 @@ global tree of earlier responses), the earlier answers ReSpec's cross-request me
 method and forward (compiled or eager), where the EAGLE head's sit-out stood after the last step
 (`HeadBackoff`, respec/drafters/eagle2.py): every request still probes a switched-off head at its
 start, but a refusal there backs off as far as the last request's had grown instead of starting
-again at two steps; and what its drafts cost beyond their plans (`DraftOverrun`, respec/cost.py),
-a property of the machine and the forward, not of one prompt. A `Runner` owns one; `run_bench` gives each method and
+again at two steps. A `Runner` owns one; `run_bench` gives each method and
 repeat its own, so a benchmark's records never see another method's answer to the same question.
 Nothing at import.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from respec.cost import DraftOverrun
+from dataclasses import dataclass
 
 from respec.drafters.suffix import SuffixMemory
 from respec.retrieval.answers import AnswerMemory
@@ -24,11 +21,9 @@ from respec.retrieval.answers import AnswerMemory
 @dataclass
 class HeadBackoff:
     """The EAGLE head's state after a runner's last step: `off` (switched off, to be probed) and
-    its `misses` in a row, which set how long its next refusal sits out (2^misses steps), and what
-    its kept plans have cost beyond their prediction (`overrun`, the same object the drafter adds to)."""
+    its `misses` in a row, which set how long its next refusal sits out (2^misses steps)."""
     misses: int = 0
     off: bool = False
-    overrun: DraftOverrun = field(default_factory=DraftOverrun)
 
 
 class RunnerMemory:

@@ -5,16 +5,19 @@ respec/drafters/eagle_head.py.
 Contract (ALGORITHMS.md §4):
 - Inputs are shifted by one: the head sees pairs (f_t, x_{t+1}), f_t the target's final-norm feature
   at committed position t. The pair (f_t, x_{t+1}) sits at head position t.
-- `expand_tree(step_fn, ...)` (respec/drafters/eagle_search.py) is the pure EAGLE-2 search (top-k
-  by cumulative log-prob to depth D, global re-rank to total_tokens), testable with a fake
-  `step_fn`; an optional `expand` rule may stop it (the depth cut, `Eagle2Drafter._expand_rule`).
+- `expand_tree(step_fn, ...)` (respec/drafters/eagle_search.py) is the pure EAGLE-2 search (top-k expansion by cumulative log-prob to
+  depth D, global re-rank to total_tokens), testable with a fake `step_fn`; an optional `expand`
+  rule may stop it before any layer (the cost model's depth cut, `Eagle2Drafter._expand_rule`).
 - Several GPUs: the target's features arrive on its final norm's device and are moved to the
   head's in `catch_up` (and `step_fn`).
-- Auto budget (`TreeConfig.auto`): the tree is cut by the one cost model (respec/cost.py) at
-  node probabilities = the head's confidence x κ, charged its drafting and the head's overrun; a
-  layer grows only if the frontier could pay for it; a head that does not pay is switched off and
-  probed cheaply (see `Eagle2Drafter`). The search returns an `EagleDraft` (the tree, the
-  `AutoDecision` or None); SAM and ReSpec call `Eagle2Drafter.draft(ctx)` for their fallback.
+- Auto budget (`TreeConfig.auto`): the tree is cut to the size that maximises expected tokens per
+  millisecond by the one cost model every drafter uses (respec/cost.py), with node probabilities
+  = the head's cumulative confidence x its calibration κ; the tree grows another layer only if
+  the frontier's calibrated mass could pay for the layer's measured time; a head that does not pay
+  is switched off and probed cheaply (an upper bound of its hits over a few hundred output rows
+  first; see `Eagle2Drafter`). The tree search returns an `EagleDraft`: the tree and
+  the cost model's `AutoDecision` for it (None without a cost model); SAM and ReSpec call
+  `Eagle2Drafter.draft(ctx)` for their fallback and read nothing else of it.
 """
 from __future__ import annotations
 
@@ -27,8 +30,8 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import torch
 
 from respec.config import TreeConfig
-from respec.cost import (MIN_GAIN, AutoDecision, CostModel, DraftOverrun, SizePlan, ancestor_closed_order,
-                         interpolate_cost, plan_size)
+from respec.cost import (MIN_GAIN, AutoDecision, CostModel, SizePlan, ancestor_closed_order, interpolate_cost,
+                         plan_size)
 from respec.drafters.base import Decision, DraftContext, Proposal, StepOutcome
 from respec.drafters.probe import bound_hits, check_vocab
 # the search (respec/drafters/eagle_search.py); its names stay importable from here
@@ -133,20 +136,21 @@ class Eagle2Drafter:
     the head (with the token that follows each) the next time it drafts, so its KV cache stays in
     sync even after steps it did not draft (retrieval steps in SAM/ReSpec).
 
-    With a cost model (`tree.auto`), each tree is cut to the size that pays (respec/cost.py): node
-    probabilities are the head's confidence times κ (realised/predicted accepted tokens, decayed),
-    and a tree is charged its drafting plus the head's overrun (`DraftOverrun`: what kept plans
-    realised beyond their prediction, carried by the runner with `backoff`). After two
-    unprofitable drafts in a row, a head whose drafting steps have on balance run slower than plain
-    steps (`earns_keep`, decayed by EARN_DECAY per draft) sits out 2^misses steps (at most MAX_SKIP;
-    a draft below FAR_SHORT of a plain step's rate counts as two misses), queueing features at no
-    cost; then a cheap probe (the catch-up alone, its top-1 checked against the committed tokens, a
-    bound over a few hundred output rows first: respec/drafters/probe.py) decides whether even a
-    one-token draft (one head row) would pay. Every request starts with a probe; a head the
-    runner's last request left off (`backoff`, respec/memory.py) goes on from its misses. Feeding a
-    queue longer than one step commits is not charged to the draft (session 25: 22.9 ms of a 12 ms
-    step) but shows in the overrun; over a long queue the probe first runs the head on the last
-    SCRATCH_WINDOW positions in a throwaway cache: a head matching none stays off, the queue unfed."""
+    With a cost model (`tree.auto`), each tree is cut to the size that pays (respec/cost.py), node
+    probabilities being the head's cumulative confidence times its calibration κ (realised/predicted
+    accepted tokens, decayed). After two unprofitable drafts in a row, a head whose drafting steps
+    have on balance run slower than plain steps (`earns_keep`: committed tokens over drafting +
+    verify ms, decayed by EARN_DECAY per draft) sits out 2^misses steps (at most MAX_SKIP; a draft
+    below FAR_SHORT of a plain step's rate counts as two misses), queueing features at no cost;
+    then a cheap probe (the catch-up alone, its predictions checked against the committed tokens:
+    an upper bound over a few hundred output rows first, respec/drafters/probe.py) decides whether
+    even a one-token draft (charged one head row, never the probe's catch-up) would pay. Every
+    request starts with a probe (a random head never drafts; a new kind of prompt is judged at
+    once); a head the runner's last request left off (`backoff`, respec/memory.py) goes on from its
+    misses. A draft is not charged the feeding of a queue longer than one step commits (paid once
+    whatever is drafted; session 25: 22.9 ms of a 12 ms step); over a long queue the probe first
+    runs the head on the last SCRATCH_WINDOW positions in a throwaway cache: a head matching none
+    stays off with the queue unfed, any other is fed the whole queue and judged in full context."""
 
     name = "eagle2"
     needs_hidden = True
@@ -175,8 +179,6 @@ class Eagle2Drafter:
         self._probing = True
         self._last_pred: float | None = None
         self._drafted_ms: float | None = None     # this step's drafting time, when the head grew a tree
-        self._kept_plan: tuple[float, float] | None = None   # a kept plan: predicted ms (no overrun), drafting ms
-        self._overrun = self.backoff.overrun if self.backoff is not None else DraftOverrun()   # runner's: carried
         self._earned_tokens = self._earned_ms = 0.0   # its drafting steps' committed tokens and ms, decayed
         self._hits = self._rows = 0               # the last catch-up's top-1 check (a bound until exact)
         self._cut: tuple[float, float] | None = None   # the last tree's depth cut (bound, layer ms)
@@ -209,9 +211,7 @@ class Eagle2Drafter:
         if self._drafted_ms is not None:           # the head grew a tree this step (kept or not)
             self._earned_tokens = EARN_DECAY * self._earned_tokens + len(outcome.committed)
             self._earned_ms = EARN_DECAY * self._earned_ms + self._drafted_ms + outcome.verify_ms
-        if self._kept_plan is not None and outcome.proposal.source == "eagle":
-            self._overrun.add(self._kept_plan[0], self._kept_plan[1] + outcome.verify_ms)
-        self._last_pred = self._drafted_ms = self._kept_plan = None
+        self._last_pred = self._drafted_ms = None
 
     def _pending_pairs(self, committed: Sequence[int], root: int) -> tuple[torch.Tensor, list[int], int]:
         """The queued features [m, H] (on the head's device), the token that follows each (the
@@ -348,21 +348,23 @@ class Eagle2Drafter:
         now = self.clock()
         charged = ((now - t0) * 1000 if t_tree is None else
                    (now - t_tree) * 1000 + (cost.draft_ms(DEPTH_SOURCE) or self.head.row_ms(self.target)))
-        return self._plan(tree, cost, charged, wall_ms=(now - t0) * 1000)
+        return self._plan(tree, cost, charged)
 
     def _expand_rule(self, cost: CostModel, cfg: TreeConfig, t0: float,
                      timer: "_LayerTimer | None" = None) -> ExpandRule:
         """The cost model's depth cut: grow another layer only if it could raise the step's
-        expected tokens per ms. The next layer's nodes are children of the frontier, so their
-        calibrated probabilities add up to at most κ·Σ exp(frontier score) (later layers' to no
-        more); a layer costs the median recent layer time (`EagleHead.row_ms` before one is
-        timed). The rate to beat is the best the nodes so far reach (their plan, with the drafting
-        spent so far). A layer is grown only if (1) that bound per layer-ms beats it and (2) some
-        verified size holding nodes of the layers still to grow could beat the step's rate if it
-        stopped now, every size's verify cost and the drafting counted on both sides
-        (`layer_rate_bound`). Both over-estimate what layers could add. (2) matters where two
-        tokens cost much more than one (1.43x, bf16 without dot-product instructions, session
-        23): a tree that keeps no node yet stops before its second layer."""
+        expected tokens per millisecond. The next layer's nodes are children of the frontier, so
+        their calibrated probabilities add up to at most κ·Σ exp(frontier score) (every later
+        layer's to no more); a layer costs the median recent layer time (the head's row time,
+        `EagleHead.row_ms`, before any layer of the request is timed). The rate to beat is the
+        best the nodes so far reach (their plan, with the drafting time spent so far). A layer is
+        grown only if both (1) that bound per layer-millisecond beats it, and (2) some verified
+        size holding nodes of the layers still to grow could beat the step's rate if it stopped
+        now, with every size's verify cost and the drafting counted on both sides
+        (`layer_rate_bound`). Both over-estimate what the layers could add, so a layer is cut only
+        if it could not raise the step's rate. (2) matters where two tokens cost much more than one
+        (1.43x, bf16 without dot-product instructions, session 23): a tree that keeps no node yet
+        stops before its second layer."""
         curve, kappa = cost.curve(), self.kappa
         verify_ms = [interpolate_cost(curve, n) for n in range(max(2, cfg.total_tokens) + 1)]   # [size] -> ms
         asked = 0                                 # layers asked about so far (one per call)
@@ -442,14 +444,16 @@ class Eagle2Drafter:
 
     def _one_token_plan(self, cost: CostModel) -> SizePlan:
         """A one-token draft at the probe's top-1 rate (without drafting cost when even a free
-        draft would not pay), charged one head row (the request's median tree-layer time, else
-        `EagleHead.row_ms`) and the head's overrun, never the probe's own catch-up."""
+        draft would not pay). Such a draft costs one head row: the request's median tree-layer time
+        once a layer has been timed, else the head's row cost timed once per head (`EagleHead.row_ms`). The probe's own catch-up is not charged: feeding
+        a long queue (the prompt, or a long sit-out) is paid once, whatever the decision, and
+        later drafts feed only the last step's few positions."""
         acc, curve = self._hits / (self._rows + 2.0), cost.curve()
         free = SizePlan.at([acc], 2, curve)
         if free.rate_vs_plain < 1.0 + MIN_GAIN:
             return free              # would not pay even if drafting were free: nothing to time
         draft_ms = cost.draft_ms(DEPTH_SOURCE) or self.head.row_ms(self.target)
-        return SizePlan.at([acc], 2, curve, draft_ms + self._overrun.ms)
+        return SizePlan.at([acc], 2, curve, draft_ms)
 
     def earns_keep(self, cost: CostModel) -> bool:
         """Whether the head's drafting steps have committed tokens faster than plain steps would
@@ -461,16 +465,12 @@ class Eagle2Drafter:
             return False
         return self._earned_tokens / self._earned_ms >= 1.0 / cost.plain_ms()
 
-    def _plan(self, tree: DraftTree, cost: CostModel, draft_ms: float, wall_ms: float | None = None) -> EagleDraft:
-        """The tree cut to its plan (charged draft_ms + overrun; wall_ms: all drafting, default draft_ms)."""
+    def _plan(self, tree: DraftTree, cost: CostModel, draft_ms: float) -> EagleDraft:
         probs = eagle_node_probs(tree, self.kappa)
         order = ancestor_closed_order(tree.parents, probs)
-        overrun = self._overrun.ms
-        plan = cost.plan("eagle", [probs[i] for i in order], draft_ms, overrun_ms=overrun)
+        plan = cost.plan("eagle", [probs[i] for i in order], draft_ms)
         pruned = tree.subtree(order[:plan.size - 1])
         self._drafted_ms = draft_ms
-        if plan.size > 1:
-            self._kept_plan = (plan.cost_ms - overrun, draft_ms if wall_ms is None else wall_ms)
         if plan.rate_vs_plain < 1.0:
             # a draft that ran at under FAR_SHORT of a plain step's rate counts as two misses
             self._misses += 2 if plan.rate_vs_plain < FAR_SHORT else 1
@@ -489,7 +489,7 @@ class Eagle2Drafter:
             plan=plan, kappa=self.kappa, context_offset_ms=cost.context_offset_ms,
             reason=f"auto: kept {plan.size - 1} of {tree.size - 1} nodes, expected "
                    f"{plan.expected_tokens:.2f} tokens/step at {plan.rate_vs_plain:.2f}x "
-                   f"a plain step (κ={self.kappa:.2f}, charged {overrun:.1f} ms of past overrun){cut}"))
+                   f"a plain step (κ={self.kappa:.2f}){cut}"))
 
     def propose(self, ctx: DraftContext) -> Proposal:
         draft = self.draft(ctx)
