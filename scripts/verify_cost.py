@@ -36,7 +36,6 @@ def main() -> None:
     if args.compile in ("on", "both"):
         seconds = target.enable_compile()
         print(f"compiled and warmed up in {seconds:.0f} s")
-        print(target.describe_buckets())
         curves["compiled"] = target.verify_cost_curve(max_size=64, context=args.context, reps=args.reps)
     print(f"{target.name} on {target.device} ({str(target.dtype).replace('torch.', '')}), "
           f"context {args.context} tokens; fastest of {args.reps} interleaved rounds")

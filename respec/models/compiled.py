@@ -9,10 +9,10 @@ Contract:
   counts that holds them (`tree_buckets`: 16 on a CPU with AMX in bf16, 4 and 8 in float32 on the
   CPU, each kept only if the machine runs it faster, `choose_buckets`), each such graph with the
   same options (`pad_rows`: the extra rows see only the prefix and themselves and leave the cache
-  after the call), and the symbolic-row graph serves larger ones. All are compiled with dynamic shapes from the start (`dynamic=True`; a one-row
-  dimension stays specialised), so each graph compiles once for any tree size, context length and
-  cache capacity. Left to dynamo's
-  automatic dynamic shapes, every new size recompiled the 30-layer graph once more, and a first
+  after the call), and the symbolic-row graph serves larger ones. All are compiled with dynamic
+  shapes from the start (`dynamic=True`; a one-row dimension stays specialised), so each graph
+  compiles once for any tree size, context length and cache capacity. Left to dynamo's automatic
+  dynamic shapes, every new size recompiled the 30-layer graph once more, and a first
   answer on the default model stalled three minutes in such recompiles (tests/test_compile.py
   counts the compiles). Prefills stay eager (HFTarget._forward). The same
   compiled forward serves vanilla and every speculative method, so speedups stay comparable.
@@ -252,6 +252,13 @@ def choose_buckets(buckets: tuple[int, ...], time_pair: Callable[[int, int], tup
     return tuple(kept), why
 
 
+def branching_tree(n: int):
+    """A DraftTree of n nodes (tokens 1..n), each node i > 0 a child of node (i - 1) // 2: a
+    binary tree, so its forward takes a tree mask (warm-ups and timings use it)."""
+    from respec.tree import DraftTree
+    return DraftTree.from_parents(list(range(1, n + 1)), [-1] + [(i - 1) // 2 for i in range(1, n)], "eagle")
+
+
 def pad_rows(kwargs: dict, rows: int, past: int, dtype: torch.dtype) -> dict:
     """A forward's keywords for n rows (3 <= n <= rows; a chain without a mask, or a tree with its
     additive mask [1, 1, n, past + n]) as those of `rows` rows: the extra rows repeat the last
@@ -419,9 +426,8 @@ def warm_up(target, progress: bool = True, pause: Callable[[], None] | None = No
             if kind == "prefill":
                 target.prefill([(7 * i) % vocab for i in range(n)])
             else:
-                tree = (DraftTree.chain(1, [2 + i for i in range(n - 1)], "eagle") if kind == "chain" else
-                        DraftTree.from_parents([1 + i for i in range(n)], [-1] + [(i - 1) // 2 for i in range(1, n)],
-                                               "eagle"))
+                tree = (DraftTree.chain(1, [2 + i for i in range(n - 1)], "eagle") if kind == "chain"
+                        else branching_tree(n))
                 target.forward_tree(tree, need_hidden=False)
                 target.keep([0])
     for f in compiled:

@@ -34,8 +34,9 @@ from transformers import DynamicCache
 
 from respec.models.base import TargetOutput
 from respec.models.compat import cache_kwarg, check_placement, check_transformers, cuda_devices
-from respec.models.compiled import (bucket_for, choose_buckets, compile_base, compile_logits, first_rows,
-                                    forced_buckets, one_row_as_two, pad_one_token, pad_rows, tree_buckets, warm_up)
+from respec.models.compiled import (branching_tree, bucket_for, choose_buckets, compile_base, compile_logits,
+                                    first_rows, forced_buckets, one_row_as_two, pad_one_token, pad_rows, tree_buckets,
+                                    warm_up)
 from respec.models.attention import additive_mask, use_tree_attention
 from respec.models.linear_layout import LinearLayouts, linear_layouts
 from respec.models.kv import reserve, slab_cache
@@ -226,8 +227,8 @@ class HFTarget:
         seconds = warm_up(self, progress=progress, pause=pause)
         if self._buckets and forced_buckets() is None:      # defaults are checked on this machine
             self._buckets, self.bucket_choice = choose_buckets(self._buckets, self._bucket_timer(pause))
-            if progress:
-                print(self.describe_buckets(), file=sys.stderr)
+        if progress and (self._buckets or self.bucket_choice):
+            print(self.describe_buckets(), file=sys.stderr)
         return seconds
 
     def describe_buckets(self) -> str:
@@ -243,23 +244,16 @@ class HFTarget:
         `bucket` and unpadded, at a 256-token context in a scratch cache, the fastest of 5
         interleaved rounds after one untimed call each (`pause`: called before each round)."""
         def time_pair(bucket: int, rows: int) -> tuple[float, float]:
-            tree = DraftTree.from_parents(list(range(1, rows + 1)), [-1] + [(i - 1) // 2 for i in range(1, rows)],
-                                          "eagle")
+            tree = branching_tree(rows)
             saved, best = self._buckets, {(bucket,): float("inf"), (): float("inf")}
             try:
-                with self.scratch_cache(), torch.inference_mode():
-                    context = min(256, self.context_length // 2)
-                    self._forward(input_ids=torch.arange(context, device=self.device)[None] % min(self.vocab_size, 1000))
+                with torch.inference_mode(), self._prefilled_scratch(min(256, self.context_length // 2)):
                     for r in range(6):
                         if pause is not None:
                             pause()
                         for way in best:
                             self._buckets = way
-                            t0 = time.perf_counter()
-                            self.forward_tree(tree, need_hidden=False)
-                            ms = (time.perf_counter() - t0) * 1000
-                            self.keep([0])
-                            self.cache.crop(-1)
+                            ms = self._timed_tree(tree)
                             if r:                       # the first call of a shape pays allocation
                                 best[way] = min(best[way], ms)
             finally:
@@ -348,31 +342,36 @@ class HFTarget:
         missing = [n for n in sizes if n not in curve]
         if not missing:
             return {n: curve[n] for n in sizes}
-        with self.scratch_cache():
-            vocab = min(self.vocab_size, 1000)
-            ids = torch.arange(context, device=self.device)[None] % vocab
-            self._forward(input_ids=ids)
+        with self._prefilled_scratch(context):
             trees = {n: DraftTree.chain(1, [2 + (i % 50) for i in range(n - 1)], "eagle")
                      for n in missing if n + context <= self.context_length}
             best = {n: float("inf") for n in trees}
-
-            def timed(tree: DraftTree) -> float:
-                barrier(self._cuda_devices, "cost curve")   # every GPU holding layers, not only the first
-                t0 = time.perf_counter()
-                self.forward_tree(tree, need_hidden=False)
-                barrier(self._cuda_devices, "cost curve")
-                ms = (time.perf_counter() - t0) * 1000
-                self.keep([0])
-                self.cache.crop(-1)
-                return ms
-
             for tree in trees.values():
-                timed(tree)                          # warm-up: first calls of a shape pay allocation
+                self._timed_tree(tree)               # warm-up: first calls of a shape pay allocation
             for _ in range(max(1, reps)):
                 for n, tree in trees.items():
-                    best[n] = min(best[n], timed(tree))
+                    best[n] = min(best[n], self._timed_tree(tree))
             curve.update(best)
         return {n: curve[n] for n in sizes if n in curve}
+
+    @contextlib.contextmanager
+    def _prefilled_scratch(self, context: int) -> Iterator[None]:
+        """A scratch cache (`scratch_cache`) holding `context` prefilled tokens, for timing forwards."""
+        with self.scratch_cache():
+            self._forward(input_ids=torch.arange(context, device=self.device)[None] % min(self.vocab_size, 1000))
+            yield
+
+    def _timed_tree(self, tree: DraftTree) -> float:
+        """Milliseconds of one forward of `tree` on the current cache, which is then cut back to
+        what it held (every GPU holding layers synchronised before and after)."""
+        barrier(self._cuda_devices, "cost curve")
+        t0 = time.perf_counter()
+        self.forward_tree(tree, need_hidden=False)
+        barrier(self._cuda_devices, "cost curve")
+        ms = (time.perf_counter() - t0) * 1000
+        self.keep([0])
+        self.cache.crop(-1)
+        return ms
 
     @contextlib.contextmanager
     def scratch_cache(self) -> Iterator[None]:
