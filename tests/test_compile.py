@@ -187,6 +187,10 @@ def test_trees_padded_to_a_static_bucket_equal_the_unpadded_forward(monkeypatch)
         compiled.keep(path)
         assert eager.kv_len == compiled.kv_len
     assert compile_count() == before
+    # the cost curve is measured where the padded cost steps (3 runs as 4, 5 as 8, 9 unpadded); eager: none
+    assert {3, 4, 5, 8, 9} <= set(compiled.verify_cost_curve(max_size=10, context=16, reps=0))
+    assert set(eager.verify_cost_curve(max_size=10, context=16, reps=0)) == {1, 2, 4, 8, 10}
+    assert compile_count() == before
     out = run(compiled, "vanilla", PROMPT, max_new_tokens=30)
     drafter = OracleDrafter(out.tokens, len(PROMPT), "partial", compiled.vocab_size, seed=5)
     assert run(compiled, "eagle2", PROMPT, drafter=drafter, max_new_tokens=30).tokens == out.tokens
@@ -195,7 +199,7 @@ def test_trees_padded_to_a_static_bucket_equal_the_unpadded_forward(monkeypatch)
 def test_choose_buckets_keeps_a_bucket_only_where_padding_beats_the_symbolic_graph_at_its_fewest_rows():
     """Pure, on given times: each bucket is judged at the fewest rows it would serve (3, or one
     more than the last bucket kept); a dropped bucket's rows fall to the next one, judged from there."""
-    from respec.models.compiled import BUCKET_MARGIN, bucket_for, choose_buckets
+    from respec.models.compiled import BUCKET_MARGIN, bucket_edges, bucket_for, choose_buckets
     asked = []
 
     def times(table):
@@ -215,6 +219,7 @@ def test_choose_buckets_keeps_a_bucket_only_where_padding_beats_the_symbolic_gra
     assert choose_buckets((), times({})) == ((), {})
     assert [bucket_for((4, 8), n) for n in (1, 2, 3, 4, 5, 8, 9)] == [None, None, 4, 4, 8, 8, None]
     assert bucket_for((), 5) is None
+    assert bucket_edges((4, 8)) == (3, 4, 5, 8, 9) and bucket_edges((16,)) == (3, 16, 17) and bucket_edges(()) == ()
 
 
 def test_tree_buckets_defaults_and_the_forcing_variable(monkeypatch):

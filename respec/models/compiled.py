@@ -232,6 +232,21 @@ def bucket_for(buckets: tuple[int, ...], rows: int) -> int | None:
     return next((b for b in buckets if b >= rows), None)
 
 
+def bucket_edges(buckets: tuple[int, ...]) -> tuple[int, ...]:
+    """The tree sizes at which a compiled forward's cost steps when trees are padded to `buckets`
+    (ascending): each bucket's fewest rows (3, or one past the bucket below) and the bucket itself,
+    and one row past the largest (the symbolic graph's first size). Every size a bucket serves
+    costs about what the bucket does, so a verify-cost curve measured at these sizes, interpolated
+    linearly, prices 3 rows like 4 and 5 like 8 (with (4, 8): 3, 4, 5, 8, 9). Empty: none."""
+    edges, lo = set(), 3
+    for b in sorted(buckets):
+        edges |= {lo, b}
+        lo = b + 1
+    if buckets:
+        edges.add(lo)
+    return tuple(sorted(edges))
+
+
 def choose_buckets(buckets: tuple[int, ...], time_pair: Callable[[int, int], tuple[float, float]],
                    margin: float = BUCKET_MARGIN) -> tuple[tuple[int, ...], dict[int, tuple[int, float, float]]]:
     """The buckets worth keeping, in ascending order, and what decided each: {bucket: (rows,

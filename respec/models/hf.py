@@ -34,9 +34,9 @@ from transformers import DynamicCache
 
 from respec.models.base import TargetOutput
 from respec.models.compat import cache_kwarg, check_placement, check_transformers, cuda_devices
-from respec.models.compiled import (branching_tree, bucket_for, choose_buckets, compile_base, compile_logits,
-                                    first_rows, forced_buckets, one_row_as_two, pad_one_token, pad_rows, tree_buckets,
-                                    warm_up)
+from respec.models.compiled import (branching_tree, bucket_edges, bucket_for, choose_buckets, compile_base,
+                                    compile_logits, first_rows, forced_buckets, one_row_as_two, pad_one_token,
+                                    pad_rows, tree_buckets, warm_up)
 from respec.models.attention import additive_mask, use_tree_attention
 from respec.models.linear_layout import LinearLayouts, linear_layouts
 from respec.models.kv import reserve, slab_cache
@@ -331,14 +331,17 @@ class HFTarget:
     @torch.inference_mode()
     def verify_cost_curve(self, max_size: int = 64, context: int = 256, reps: int = 4) -> dict[int, float]:
         """Milliseconds of one tree forward of n tokens after `context` cached tokens, for the sizes
-        of COST_SIZES up to `max_size` (and `max_size` itself). Measured once per size and cached on
-        the target per context length (`measured_curve`); one untimed warm-up per size, then `reps`
+        of COST_SIZES up to `max_size` (and `max_size` itself), and, with compiled trees padded to
+        static buckets, the sizes where their cost steps (compiled.bucket_edges: interpolated
+        between 2 and 4, 3 rows looked cheaper than the 4 they run as). Measured once per size and
+        cached on the target per context length (`measured_curve`); one untimed warm-up per size, then `reps`
         rounds that each time every size in turn, and the fastest of each size's rounds (other
         processes only ever add time; rounds interleave the sizes, so a busy spell cannot bend the
         curve's shape). The engine's own cache is left untouched."""
         context = max(1, min(context, self.context_length // 2))
         curve = self._cost_curves.setdefault(context, {})
-        sizes = sorted({n for n in self.COST_SIZES if n <= max_size} | {max(1, max_size)} | {1})
+        edges = bucket_edges(self._buckets) if self._compiled is not None else ()
+        sizes = sorted({n for n in self.COST_SIZES + edges if n <= max_size} | {max(1, max_size)} | {1})
         missing = [n for n in sizes if n not in curve]
         if not missing:
             return {n: curve[n] for n in sizes}
