@@ -138,20 +138,19 @@ class Eagle2Drafter:
 
     With a cost model (`tree.auto`), each tree is cut to the size that pays (respec/cost.py), node
     probabilities being the head's cumulative confidence times its calibration κ (realised/predicted
-    accepted tokens, decayed). A draft whose plan runs slower than a plain step, or made while the
-    head's drafting steps have on balance run slower than plain ones (`earns_keep`: committed
-    tokens over the ms those steps really spent drafting, catch-ups and probes included but the
-    request's first feed, plus verifying, decayed by EARN_DECAY per draft), is a miss; after two
-    in a row a head not earning its keep sits out 2^misses steps (at most MAX_SKIP; a plan below
-    FAR_SHORT of a plain step's rate counts twice), queueing features at no cost. Then a cheap
-    probe (the catch-up alone, its predictions checked against the committed tokens: an upper
-    bound over a few hundred output rows first, respec/drafters/probe.py) decides whether even a
-    one-token draft (charged one head row, never the probe's catch-up) would pay. Every request
-    starts with a probe (a random head never drafts); a head the runner's last request left off
-    (`backoff`, respec/memory.py) goes on from its misses. A plan is not charged the feeding of a
-    queue longer than one step commits (session 25: 22.9 ms of a 12 ms step); over a long queue
-    the probe first runs the head on the last SCRATCH_WINDOW positions in a throwaway cache: a head
-    matching none stays off with the queue unfed, any other is fed the whole queue and judged in full context."""
+    accepted tokens, decayed). After two unprofitable drafts in a row, a head whose drafting steps
+    have on balance run slower than plain steps (`earns_keep`: committed tokens over drafting +
+    verify ms, decayed by EARN_DECAY per draft) sits out 2^misses steps (at most MAX_SKIP; a draft
+    below FAR_SHORT of a plain step's rate counts as two misses), queueing features at no cost;
+    then a cheap probe (the catch-up alone, its predictions checked against the committed tokens:
+    an upper bound over a few hundred output rows first, respec/drafters/probe.py) decides whether
+    even a one-token draft (charged one head row, never the probe's catch-up) would pay. Every
+    request starts with a probe (a random head never drafts; a new kind of prompt is judged at
+    once); a head the runner's last request left off (`backoff`, respec/memory.py) goes on from its
+    misses. A draft is not charged the feeding of a queue longer than one step commits (paid once
+    whatever is drafted; session 25: 22.9 ms of a 12 ms step); over a long queue the probe first
+    runs the head on the last SCRATCH_WINDOW positions in a throwaway cache: a head matching none
+    stays off with the queue unfed, any other is fed the whole queue and judged in full context."""
 
     name = "eagle2"
     needs_hidden = True
@@ -179,8 +178,7 @@ class Eagle2Drafter:
         self._skip = 0
         self._probing = True
         self._last_pred: float | None = None
-        self._drafted_ms: float | None = None     # this step's drafting time as charged, when the head grew a tree
-        self._spent_ms = 0.0                      # ... and as spent (the earnings' ms: `_plan`)
+        self._drafted_ms: float | None = None     # this step's drafting time, when the head grew a tree
         self._earned_tokens = self._earned_ms = 0.0   # its drafting steps' committed tokens and ms, decayed
         self._hits = self._rows = 0               # the last catch-up's top-1 check (a bound until exact)
         self._cut: tuple[float, float] | None = None   # the last tree's depth cut (bound, layer ms)
@@ -212,7 +210,7 @@ class Eagle2Drafter:
             self._real_sum = 0.9 * self._real_sum + outcome.verdict.num_accepted
         if self._drafted_ms is not None:           # the head grew a tree this step (kept or not)
             self._earned_tokens = EARN_DECAY * self._earned_tokens + len(outcome.committed)
-            self._earned_ms = EARN_DECAY * self._earned_ms + self._spent_ms + outcome.verify_ms
+            self._earned_ms = EARN_DECAY * self._earned_ms + self._drafted_ms + outcome.verify_ms
         self._last_pred = self._drafted_ms = None
 
     def _pending_pairs(self, committed: Sequence[int], root: int) -> tuple[torch.Tensor, list[int], int]:
@@ -330,8 +328,7 @@ class Eagle2Drafter:
         self._probing = False
         # a queue longer than one step commits (the prompt, a sit-out) is fed once whatever is
         # drafted: the plan is charged the tree's growth and one head row in its place
-        t_fed = self.clock()
-        t_tree = t_fed if self.kv_len - fed_from > cfg.depth + 1 else None
+        t_tree = self.clock() if self.kv_len - fed_from > cfg.depth + 1 else None
         stable = self.kv_len
         step_fn, expand = self._step_fn(stable), None
         self._cut, timer = None, None
@@ -351,8 +348,7 @@ class Eagle2Drafter:
         now = self.clock()
         charged = ((now - t0) * 1000 if t_tree is None else
                    (now - t_tree) * 1000 + (cost.draft_ms(DEPTH_SOURCE) or self.head.row_ms(self.target)))
-        # spent: all of it, catch-up and probe included, but the request's first feed (the prompt)
-        return self._plan(tree, cost, charged, spent_ms=(now - (t_fed if fed_from == 0 else t0)) * 1000)
+        return self._plan(tree, cost, charged)
 
     def _expand_rule(self, cost: CostModel, cfg: TreeConfig, t0: float,
                      timer: "_LayerTimer | None" = None) -> ExpandRule:
@@ -425,8 +421,10 @@ class Eagle2Drafter:
         """After a catch-up with `check`: would a one-token draft at the head's observed top-1 rate
         (hits / (rows + 2): cautious, so a handful of rows cannot switch a head on by luck) beat a
         plain step, at what such a draft costs (`_one_token_plan`)? None if so; otherwise the
-        head sits out longer and the decision says why. The count is an upper bound (a few hundred
-        vocabulary rows) until the bound says the head might pay: then the whole vocabulary."""
+        head sits out longer and the decision says why. The catch-up's count is an upper bound
+        (a few hundred vocabulary rows); only when the bound says the head might pay are the rows
+        checked against the whole vocabulary, so a useless head is refused without ever paying
+        for the output layer."""
         plan = self._one_token_plan(cost)
         bound = self._check is not None
         if plan.rate_vs_plain >= 1.0 + MIN_GAIN and bound:
@@ -445,9 +443,11 @@ class Eagle2Drafter:
                                    f"{plan.rate_vs_plain:.2f}x a plain step → head off for {self._skip} steps")
 
     def _one_token_plan(self, cost: CostModel) -> SizePlan:
-        """A one-token draft at the probe's top-1 rate (no drafting cost when even a free one would
-        not pay), charged one head row: the request's median layer time, else `EagleHead.row_ms`.
-        Not the probe's catch-up: later drafts feed only the last step's few positions."""
+        """A one-token draft at the probe's top-1 rate (without drafting cost when even a free
+        draft would not pay). Such a draft costs one head row: the request's median tree-layer time
+        once a layer has been timed, else the head's row cost timed once per head (`EagleHead.row_ms`). The probe's own catch-up is not charged: feeding
+        a long queue (the prompt, or a long sit-out) is paid once, whatever the decision, and
+        later drafts feed only the last step's few positions."""
         acc, curve = self._hits / (self._rows + 2.0), cost.curve()
         free = SizePlan.at([acc], 2, curve)
         if free.rate_vs_plain < 1.0 + MIN_GAIN:
@@ -456,21 +456,22 @@ class Eagle2Drafter:
         return SizePlan.at([acc], 2, curve, draft_ms)
 
     def earns_keep(self, cost: CostModel) -> bool:
-        """Whether the head's drafting steps (each it grew a tree in, decayed) committed tokens
-        faster than plain steps would have; False before it drafted. A good head's run of
-        unprofitable drafts then costs only those drafts, not a sit-out past confident steps."""
+        """Whether the head's drafting steps have committed tokens faster than plain steps would
+        have (decayed sums over every step it grew a tree, unprofitable ones included); False
+        before it has drafted. A good head's run of unprofitable drafts then costs only those
+        drafts (cut early by the depth rule) instead of a sit-out that also skips the confident
+        steps after it; a head whose drafting does not pay on balance still backs off."""
         if self._earned_ms <= 0.0:
             return False
         return self._earned_tokens / self._earned_ms >= 1.0 / cost.plain_ms()
 
-    def _plan(self, tree: DraftTree, cost: CostModel, draft_ms: float, spent_ms: float | None = None) -> EagleDraft:
-        """The tree cut to the size that pays at `draft_ms`; `spent_ms` (default `draft_ms`) feeds the earnings."""
+    def _plan(self, tree: DraftTree, cost: CostModel, draft_ms: float) -> EagleDraft:
         probs = eagle_node_probs(tree, self.kappa)
         order = ancestor_closed_order(tree.parents, probs)
         plan = cost.plan("eagle", [probs[i] for i in order], draft_ms)
         pruned = tree.subtree(order[:plan.size - 1])
-        self._drafted_ms, self._spent_ms = draft_ms, draft_ms if spent_ms is None else spent_ms
-        if plan.rate_vs_plain < 1.0 or not (self._earned_ms <= 0.0 or self.earns_keep(cost)):
+        self._drafted_ms = draft_ms
+        if plan.rate_vs_plain < 1.0:
             # a draft that ran at under FAR_SHORT of a plain step's rate counts as two misses
             self._misses += 2 if plan.rate_vs_plain < FAR_SHORT else 1
             if self._misses >= 2 and not self.earns_keep(cost):
