@@ -223,8 +223,10 @@ def test_choose_buckets_keeps_a_bucket_only_where_padding_beats_the_symbolic_gra
 
 
 def test_tree_buckets_defaults_and_the_forcing_variable(monkeypatch):
+    from respec.models import compiled
     from respec.models.compiled import FLOAT32_BUCKETS, forced_buckets, tree_buckets
     cpu = torch.device("cpu")
+    monkeypatch.setattr(compiled, "onednn_has_bf16", lambda: True)    # this CPU's oneDNN aside
     monkeypatch.delenv("RESPEC_PAD_ROWS", raising=False)
     monkeypatch.delenv("RESPEC_ONE_ROW_AUTOTUNE", raising=False)
     assert forced_buckets() is None
@@ -233,6 +235,9 @@ def test_tree_buckets_defaults_and_the_forcing_variable(monkeypatch):
     assert tree_buckets(torch.device("cuda"), torch.float32) == ()
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE")
     assert tree_buckets(cpu, torch.bfloat16) == ()                     # stands in for a CPU without AMX
+    monkeypatch.setattr(compiled, "onednn_has_bf16", lambda: False)   # bf16 on an AVX2-only CPU
+    assert tree_buckets(cpu, torch.bfloat16) == FLOAT32_BUCKETS
+    monkeypatch.setattr(compiled, "onednn_has_bf16", lambda: True)
     monkeypatch.setenv("RESPEC_ONE_ROW_AUTOTUNE", "0")
     assert tree_buckets(cpu, torch.float32) == ()                      # no small-row autotune: no static graphs
     monkeypatch.setenv("RESPEC_PAD_ROWS", "8, 4,2")

@@ -190,6 +190,11 @@ def tree_buckets(device: torch.device, dtype: torch.dtype) -> tuple[int, ...]:
       linears took 13.4 / 13.6 / 19.8 ms static and autotuned at 3 / 4 / 8 rows against 20.6 /
       21.9 / 26.3 ms symbolic (oneDNN), and the whole 3-token forward 30.2 ms against 20.2 for
       the static 2-token one (session 29, throwaway scripts).
+    - bfloat16 on a CPU whose oneDNN has no bf16 path (`onednn_has_bf16`: no AVX-512, e.g. AVX2
+      only): FLOAT32_BUCKETS too. There the symbolic-row graph's bf16 linears crawl: on the
+      default model (2-core AMD EPYC Zen 3, session 30, `scripts/verify_cost.py --dtype bfloat16
+      --compile both`) 4 tokens took 516 ms compiled against 74.8 ms eager, while the static,
+      autotuned 2-token graph took 17.5 ms (its C++ micro-GEMM widens bf16 to float32 in registers).
     Defaults are checked on the machine at warm-up (`choose_buckets`): a bucket whose padded
     forward is not faster than the symbolic graph at the fewest rows it would serve is dropped.
     `RESPEC_PAD_ROWS=0` turns buckets off; `RESPEC_PAD_ROWS=N` or `N,M,...` forces those buckets
@@ -205,11 +210,20 @@ def tree_buckets(device: torch.device, dtype: torch.dtype) -> tuple[int, ...]:
         return FLOAT32_BUCKETS
     if dtype != torch.bfloat16:
         return ()
+    if not onednn_has_bf16():
+        return FLOAT32_BUCKETS
     isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
     if isa and "AMX" not in isa and isa not in ("ALL", "DEFAULT"):
         return ()
     amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
     return (16,) if amx is not None and amx() else ()
+
+
+def onednn_has_bf16() -> bool:
+    """Whether this CPU's oneDNN has a bf16 path (AVX-512 or later: torch's own probe; True where
+    torch has no probe)."""
+    probe = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return True if probe is None else bool(probe())
 
 
 def forced_buckets() -> tuple[int, ...] | None:
