@@ -7,9 +7,10 @@ Contract:
   small-row options of `one_row_options`; its rows marked static) and multi-token forwards
   (trees); trees and chains of 3 rows and more are padded to the smallest of a few static row
   counts that holds them (`tree_buckets`: 16 on a CPU with AMX in bf16, 4 and 8 in float32 on the
-  CPU, each kept only if the machine runs it faster, `choose_buckets`), each such graph with the
-  same options (`pad_rows`: the extra rows see only the prefix and themselves and leave the cache
-  after the call), and the symbolic-row graph serves larger ones. All are compiled with dynamic
+  CPU and in bf16 where oneDNN has no bf16 path, each kept only if the machine runs it faster,
+  `choose_buckets`), each such graph with the same options (`pad_rows`: the extra rows see only
+  the prefix and themselves and leave the cache after the call), and the symbolic-row graph
+  serves larger ones. All are compiled with dynamic
   shapes from the start (`dynamic=True`; a one-row dimension stays specialised), so each graph
   compiles once for any tree size, context length and cache capacity. Left to dynamo's automatic
   dynamic shapes, every new size recompiled the 30-layer graph once more, and a first
