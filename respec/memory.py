@@ -6,8 +6,8 @@ global tree of earlier responses), the earlier answers ReSpec's cross-request me
 method and forward (compiled or eager), where the EAGLE head's sit-out stood after the last step
 (`HeadBackoff`, respec/drafters/eagle2.py): every request still probes a switched-off head at its
 start, but a refusal there backs off as far as the last request's had grown instead of starting
-again at two steps. A `Runner` owns one; `run_bench` gives each method and
-repeat its own, so a benchmark's records never see another method's answer to the same question.
+again at two steps. A `Runner` owns one; `run_bench` gives each method and repeat its own, so a
+benchmark's records never see another method's answer to the same question.
 Nothing at import.
 """
 from __future__ import annotations

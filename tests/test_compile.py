@@ -199,7 +199,7 @@ def test_trees_padded_to_a_static_bucket_equal_the_unpadded_forward(monkeypatch)
 def test_choose_buckets_keeps_a_bucket_only_where_padding_beats_the_symbolic_graph_at_its_fewest_rows():
     """Pure, on given times: each bucket is judged at the fewest rows it would serve (3, or one
     more than the last bucket kept); a dropped bucket's rows fall to the next one, judged from there."""
-    from respec.models.compiled import BUCKET_MARGIN, bucket_edges, bucket_for, choose_buckets
+    from respec.models.compiled import BUCKET_MARGIN, bucket_edges, bucket_for, bucket_spans, choose_buckets
     asked = []
 
     def times(table):
@@ -220,6 +220,7 @@ def test_choose_buckets_keeps_a_bucket_only_where_padding_beats_the_symbolic_gra
     assert [bucket_for((4, 8), n) for n in (1, 2, 3, 4, 5, 8, 9)] == [None, None, 4, 4, 8, 8, None]
     assert bucket_for((), 5) is None
     assert bucket_edges((4, 8)) == (3, 4, 5, 8, 9) and bucket_edges((16,)) == (3, 16, 17) and bucket_edges(()) == ()
+    assert bucket_spans((4, 8)) == ((3, 4), (5, 8)) and bucket_spans((16,)) == ((3, 16),) and bucket_spans(()) == ()
 
 
 def test_tree_buckets_defaults_and_the_forcing_variable(monkeypatch):

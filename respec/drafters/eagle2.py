@@ -5,9 +5,10 @@ respec/drafters/eagle_head.py.
 Contract (ALGORITHMS.md §4):
 - Inputs are shifted by one: the head sees pairs (f_t, x_{t+1}), f_t the target's final-norm feature
   at committed position t. The pair (f_t, x_{t+1}) sits at head position t.
-- `expand_tree(step_fn, ...)` (respec/drafters/eagle_search.py) is the pure EAGLE-2 search (top-k expansion by cumulative log-prob to
-  depth D, global re-rank to total_tokens), testable with a fake `step_fn`; an optional `expand`
-  rule may stop it before any layer (the cost model's depth cut, `Eagle2Drafter._expand_rule`).
+- `expand_tree(step_fn, ...)` (respec/drafters/eagle_search.py) is the pure EAGLE-2 search (top-k
+  expansion by cumulative log-prob to depth D, global re-rank to total_tokens), testable with a
+  fake `step_fn`; an optional `expand` rule may stop it before any layer (the cost model's depth
+  cut, `Eagle2Drafter._expand_rule`).
 - Several GPUs: the target's features arrive on its final norm's device and are moved to the
   head's in `catch_up` (and `step_fn`).
 - Auto budget (`TreeConfig.auto`): the tree is cut to the size that maximises expected tokens per
@@ -444,10 +445,9 @@ class Eagle2Drafter:
 
     def _one_token_plan(self, cost: CostModel) -> SizePlan:
         """A one-token draft at the probe's top-1 rate (without drafting cost when even a free
-        draft would not pay). Such a draft costs one head row: the request's median tree-layer time
-        once a layer has been timed, else the head's row cost timed once per head (`EagleHead.row_ms`). The probe's own catch-up is not charged: feeding
-        a long queue (the prompt, or a long sit-out) is paid once, whatever the decision, and
-        later drafts feed only the last step's few positions."""
+        draft would not pay), charged one head row: the request's median tree-layer time, else
+        `EagleHead.row_ms`. Not the probe's own catch-up: feeding a long queue (the prompt, a long
+        sit-out) is paid once, whatever the decision; later drafts feed a step's few positions."""
         acc, curve = self._hits / (self._rows + 2.0), cost.curve()
         free = SizePlan.at([acc], 2, curve)
         if free.rate_vs_plain < 1.0 + MIN_GAIN:

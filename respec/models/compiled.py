@@ -10,13 +10,13 @@ Contract:
   CPU and in bf16 where oneDNN has no bf16 path, each kept only if the machine runs it faster,
   `choose_buckets`), each such graph with the same options (`pad_rows`: the extra rows see only
   the prefix and themselves and leave the cache after the call), and the symbolic-row graph
-  serves larger ones. All are compiled with dynamic
-  shapes from the start (`dynamic=True`; a one-row dimension stays specialised), so each graph
-  compiles once for any tree size, context length and cache capacity. Left to dynamo's automatic
-  dynamic shapes, every new size recompiled the 30-layer graph once more, and a first
-  answer on the default model stalled three minutes in such recompiles (tests/test_compile.py
-  counts the compiles). Prefills stay eager (HFTarget._forward). The same
-  compiled forward serves vanilla and every speculative method, so speedups stay comparable.
+  serves larger ones. All are compiled with dynamic shapes from the start (`dynamic=True`; a
+  one-row dimension stays specialised), so each graph compiles once for any tree size, context
+  length and cache capacity. Left to dynamo's automatic dynamic shapes, every new size
+  recompiled the 30-layer graph once more, and a first answer on the default model stalled three
+  minutes in such recompiles (tests/test_compile.py counts the compiles). Prefills stay eager
+  (HFTarget._forward). The same compiled forward serves vanilla and every speculative method, so
+  speedups stay comparable.
 - `compile_logits(target)` compiles the step's output layer the same way: hidden [n, H] -> float32
   logits [n, V] (the lm_head with its frozen, prepacked weight, the softcap, the cast) and, fused
   with them, the step's verification numbers (respec/verify.py `number_table`: top-1, entropy,
@@ -247,19 +247,22 @@ def bucket_for(buckets: tuple[int, ...], rows: int) -> int | None:
     return next((b for b in buckets if b >= rows), None)
 
 
+def bucket_spans(buckets: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """(fewest rows, bucket) for each of `buckets` (ascending): a bucket serves from 3 rows, or
+    from one past the bucket below, up to itself. With (4, 8): ((3, 4), (5, 8))."""
+    los = (3,) + tuple(b + 1 for b in buckets[:-1])
+    return tuple(zip(los, buckets))
+
+
 def bucket_edges(buckets: tuple[int, ...]) -> tuple[int, ...]:
     """The tree sizes at which a compiled forward's cost steps when trees are padded to `buckets`
-    (ascending): each bucket's fewest rows (3, or one past the bucket below) and the bucket itself,
-    and one row past the largest (the symbolic graph's first size). Every size a bucket serves
-    costs about what the bucket does, so a verify-cost curve measured at these sizes, interpolated
-    linearly, prices 3 rows like 4 and 5 like 8 (with (4, 8): 3, 4, 5, 8, 9). Empty: none."""
-    edges, lo = set(), 3
-    for b in sorted(buckets):
-        edges |= {lo, b}
-        lo = b + 1
-    if buckets:
-        edges.add(lo)
-    return tuple(sorted(edges))
+    (ascending): each bucket's span (`bucket_spans`) at both ends, and one row past the largest
+    (the symbolic graph's first size). Every size a bucket serves costs about what the bucket
+    does, so a verify-cost curve measured at these sizes, interpolated linearly, prices 3 rows
+    like 4 and 5 like 8 (with (4, 8): 3, 4, 5, 8, 9). Empty: none."""
+    if not buckets:
+        return ()
+    return tuple(sorted({n for span in bucket_spans(buckets) for n in span} | {buckets[-1] + 1}))
 
 
 def choose_buckets(buckets: tuple[int, ...], time_pair: Callable[[int, int], tuple[float, float]],
@@ -441,12 +444,12 @@ def warm_up(target, progress: bool = True, pause: Callable[[], None] | None = No
     # bucket's graph warms up at a chain and a tree size on each side of the growth
     buckets = target._buckets
     up = max(buckets, default=0)
-    los = [3] + [b + 1 for b in buckets[:-1]]          # the fewest rows each bucket serves
+    spans = bucket_spans(buckets)                       # (the fewest rows each bucket serves, bucket)
     plan = [("prefill", 24), ("chain", 1), ("chain", 1), ("chain", 1), ("chain", 3 + up), ("chain", 5 + up),
             ("chain", 2), ("tree", 3 + up), ("tree", 6 + up), ("tree", 4 + up)]
-    plan += [step for lo, b in zip(los, buckets) for step in (("chain", lo), ("tree", b))]
+    plan += [step for lo, b in spans for step in (("chain", lo), ("tree", b))]
     plan += [("prefill", long), ("chain", 1), ("chain", 2), ("chain", 4 + up), ("tree", 5 + up)]
-    plan += [step for lo, b in zip(los, buckets) for step in (("tree", lo), ("chain", b))]
+    plan += [step for lo, b in spans for step in (("tree", lo), ("chain", b))]
     with target.scratch_cache():
         bar = tqdm(plan, desc=f"compiling {target.name}'s forward (once per process)", disable=not progress,
                    unit="shape")

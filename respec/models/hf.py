@@ -334,14 +334,15 @@ class HFTarget:
         of COST_SIZES up to `max_size` (and `max_size` itself), and, with compiled trees padded to
         static buckets, the sizes where their cost steps (compiled.bucket_edges: interpolated
         between 2 and 4, 3 rows looked cheaper than the 4 they run as). Measured once per size and
-        cached on the target per context length (`measured_curve`); one untimed warm-up per size, then `reps`
-        rounds that each time every size in turn, and the fastest of each size's rounds (other
+        cached on the target per context length (`measured_curve`); one untimed warm-up per size,
+        then `reps` rounds that each time every size in turn, and the fastest of each size's rounds (other
         processes only ever add time; rounds interleave the sizes, so a busy spell cannot bend the
         curve's shape). The engine's own cache is left untouched."""
         context = max(1, min(context, self.context_length // 2))
         curve = self._cost_curves.setdefault(context, {})
-        edges = bucket_edges(self._buckets) if self._compiled is not None else ()
-        sizes = sorted({n for n in self.COST_SIZES + edges if n <= max_size} | {max(1, max_size)} | {1})
+        # buckets are set only with the compiled forward: an eager curve measures COST_SIZES alone
+        sizes = sorted({n for n in self.COST_SIZES + bucket_edges(self._buckets) if n <= max_size}
+                       | {max(1, max_size)} | {1})
         missing = [n for n in sizes if n not in curve]
         if not missing:
             return {n: curve[n] for n in sizes}
