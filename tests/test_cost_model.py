@@ -242,10 +242,31 @@ def test_a_probe_over_a_long_queue_checks_the_tail_only_and_feeds_the_queue_only
     assert d._rows == 16 and sum(p.shape[0] for p in d._pending) == len(prompt), "the queue is kept"
     d.reset(prompt, hidden)
     monkeypatch.setattr(d, "scratch_check", lambda committed, root: setattr(d, "_hits", 3) or setattr(d, "_rows", 16))
-    monkeypatch.setattr(d, "_probe_refusal", lambda cost, ms=0.0: None)
+    monkeypatch.setattr(d, "_probe_refusal", lambda cost, slack=0: None)
     tree = d.draft_tree(prompt, 5, cost=cm).tree
     assert d.kv_len == len(prompt) and not d._pending, "a head with hits is fed the whole queue, then drafts"
     assert d._rows == 16, "and judged again with its full context"
+
+
+@pytest.mark.parametrize("window_hits, fed", [(1, False), (2, True)])
+def test_a_long_queue_is_fed_only_if_the_window_says_a_one_token_draft_could_pay(monkeypatch, window_hits, fed):
+    """The window's check decides by the probe's own rule with WINDOW_SLACK hits more (it saw less
+    context). NO_AMX, one free head row: 3 of 16 hits pay for a one-token draft, 2 do not; so a
+    window with 2 hits is fed the queue and judged again, one with 1 is refused with the queue unfed."""
+    from respec.config import TreeConfig
+    from respec.drafters.eagle2 import SCRATCH_WINDOW, WINDOW_SLACK, Eagle2Drafter
+    from respec.drafters.eagle_head import random_head
+    assert WINDOW_SLACK == 1
+    target = make_target("llama", seed=0)
+    prompt = [(7 * i) % 90 + 3 for i in range(SCRATCH_WINDOW + 40)]
+    d = Eagle2Drafter(target, random_head(target), TreeConfig(total_tokens=8, depth=2, top_k=2, auto=True))
+    cm = CostModel(lambda n: dict(NO_AMX), max_size=8)
+    monkeypatch.setattr(d.head, "row_ms", lambda t: 0.0)
+    d.reset(prompt, target.prefill(prompt).hidden)
+    monkeypatch.setattr(d, "scratch_check", lambda committed, root: setattr(d, "_hits", window_hits) or setattr(d, "_rows", 16))
+    d.draft_tree(prompt, 5, cost=cm)
+    assert (d.kv_len == len(prompt)) is fed and bool(d._pending) is not fed
+    assert d._misses >= 1, "the random head is refused either way: by the window, or in full context"
 
 
 def test_a_probe_refuses_a_useless_head_from_a_small_vocabulary_bound_without_the_output_layer(monkeypatch):
