@@ -190,9 +190,10 @@ def test_a_head_that_predicts_well_passes_its_probe_and_drafts():
     assert d._probe_refusal(cm) is not None and d._skip == 8, "1 of 16 does not pay for a 5 ms draft"
 
 
-def test_a_probe_charges_a_one_row_draft_not_its_own_catch_up(monkeypatch):
+def test_a_probe_charges_the_least_draft_not_its_own_catch_up(monkeypatch):
     """A probe's catch-up (a long prompt, a long sit-out) is paid once; what a one-token draft costs
-    from then on is one head row: the request's median layer time, else the head's row cost."""
+    from then on is the least draft: a layer (the request's median layer time, else the head's row
+    cost) and the step's catch-up row (the head's row cost)."""
     from respec.config import TreeConfig
     from respec.drafters.eagle2 import Eagle2Drafter
     from respec.drafters.eagle_head import random_head
@@ -205,9 +206,9 @@ def test_a_probe_charges_a_one_row_draft_not_its_own_catch_up(monkeypatch):
     monkeypatch.setattr(head, "row_ms", lambda t: 3.0)
     d._hits, d._rows = 8, 16
     plan = d._one_token_plan(cm)
-    assert plan.cost_ms == pytest.approx(NO_AMX[2] + 3.0) and plan.expected_tokens == pytest.approx(1 + 8 / 18)
+    assert plan.cost_ms == pytest.approx(NO_AMX[2] + 3.0 + 3.0) and plan.expected_tokens == pytest.approx(1 + 8 / 18)
     cm.draft_ms(DEPTH_SOURCE, 6.0)
-    assert d._one_token_plan(cm).cost_ms == pytest.approx(NO_AMX[2] + 6.0), "a timed layer replaces the row cost"
+    assert d._one_token_plan(cm).cost_ms == pytest.approx(NO_AMX[2] + 6.0 + 3.0), "a timed layer replaces the row cost"
     d._hits = 0
     assert d._one_token_plan(cm).cost_ms == pytest.approx(NO_AMX[2]), "no hits: refused without timing anything"
 
