@@ -44,7 +44,7 @@ def _counted_steps(engine: Engine, prompt) -> list:
 def test_an_eagle_step_at_cuda_defaults_makes_at_most_12_round_trips(arch, monkeypatch):
     target = make_target(arch, dtype=torch.float32)
     inject_costs(monkeypatch, target, FLAT, row_ms=0.01)        # decisions from given costs: the head drafts
-    monkeypatch.setattr(Eagle2Drafter, "_probe_refusal", lambda self, cost, slack=0: None)
+    monkeypatch.setattr(Eagle2Drafter, "_probe_refusal", lambda self, cost: None)
     cfg = EngineConfig().with_overrides({**device_defaults("cuda"), "method": "eagle2", "max_new_tokens": 40})
     assert (cfg.tree.total_tokens, cfg.tree.depth, cfg.tree.top_k, cfg.tree.auto) == (60, 5, 10, True)
     engine = Engine(target, Eagle2Drafter(target, random_head(target, seed=3), cfg.tree), cfg)

@@ -119,7 +119,6 @@ class _LayerTimer:
 PROBE_ROWS = 16    # catch-up rows whose head predictions are checked against the committed text
 MAX_SKIP = 64      # longest stretch of steps the head sits out before the next probe
 SCRATCH_WINDOW = 64  # a probe over a longer queue checks the head on this many last positions first
-WINDOW_SLACK = 1   # hits granted to that window's check: it sees less (340 to 346 hits, even dev prompts)
 EARN_DECAY = 0.97   # per drafting step: the head's earnings are judged over its last ~30 drafts
 FAR_SHORT = 0.75   # a draft below this rate vs plain steps backs the head off twice as fast
 DEPTH_SOURCE = "eagle layer"   # the cost model's record of one tree layer's drafting time
@@ -150,9 +149,9 @@ class Eagle2Drafter:
     request starts with a probe (a random head never drafts; a new kind of prompt is judged at
     once); a head the runner's last request left off (`backoff`, respec/memory.py) goes on from its
     misses. A draft is not charged the feeding of a queue longer than one step commits (paid once
-    whatever is drafted); over a long queue the probe first runs the head on the last SCRATCH_WINDOW
-    positions in a throwaway cache: a head whose one-token draft would not pay there (a hit more
-    granted) stays off, the queue unfed (a prompt's feed: 20-88 ms compiled); others are fed, re-judged."""
+    whatever is drafted; session 25: 22.9 ms of a 12 ms step); over a long queue the probe first
+    runs the head on the last SCRATCH_WINDOW positions in a throwaway cache: a head matching none
+    stays off with the queue unfed, any other is fed the whole queue and judged in full context."""
 
     name = "eagle2"
     needs_hidden = True
@@ -317,9 +316,9 @@ class Eagle2Drafter:
             # a long queue (a prompt, or many steps with the head off): judge the head on its tail
             # first, and feed the whole queue only if it is worth drafting with
             self.scratch_check(committed, root)
-            if (refusal := self._probe_refusal(cost, slack=WINDOW_SLACK)) is not None:   # off, the queue unfed
-                return EagleDraft(DraftTree.root_only(root), refusal)
-            # it might pay: judge it again with its full context (the whole queue fed)
+            if self._hits == 0:              # matched nothing even there: off, the queue unfed
+                return EagleDraft(DraftTree.root_only(root), self._probe_refusal(cost))
+            # some hits: judge it with its full context (a short window must not turn a good head off)
             f, logp = self.catch_up(committed, root, check=True)
         else:
             f, logp = self.catch_up(committed, root, check=probing)
@@ -419,18 +418,19 @@ class Eagle2Drafter:
 
         return step_fn
 
-    def _probe_refusal(self, cost: CostModel, slack: int = 0) -> AutoDecision | None:
+    def _probe_refusal(self, cost: CostModel) -> AutoDecision | None:
         """After a catch-up with `check`: would a one-token draft at the head's observed top-1 rate
         (hits / (rows + 2): cautious, so a handful of rows cannot switch a head on by luck) beat a
         plain step, at what such a draft costs (`_one_token_plan`)? None if so; otherwise the
         head sits out longer and the decision says why. The catch-up's count is an upper bound
         (a few hundred vocabulary rows); only when the bound says the head might pay are the rows
-        checked against the whole vocabulary, so a useless head never pays for the output layer."""
-        plan = self._one_token_plan(cost, slack)
+        checked against the whole vocabulary, so a useless head is refused without ever paying
+        for the output layer."""
+        plan = self._one_token_plan(cost)
         bound = self._check is not None
         if plan.rate_vs_plain >= 1.0 + MIN_GAIN and bound:
             self._exact_hits()
-            plan, bound = self._one_token_plan(cost, slack), False
+            plan, bound = self._one_token_plan(cost), False
         if plan.rate_vs_plain >= 1.0 + MIN_GAIN:
             return None
         self._check = None
@@ -443,17 +443,17 @@ class Eagle2Drafter:
                                    f"{self._rows} tokens; a 1-token draft would run at "
                                    f"{plan.rate_vs_plain:.2f}x a plain step → head off for {self._skip} steps")
 
-    def _one_token_plan(self, cost: CostModel, slack: int = 0) -> SizePlan:
-        """A one-token draft at the probe's top-1 rate with `slack` hits more (no drafting cost when
-        even a free draft would not pay), charged as the least draft: a layer (the request's median,
-        else `EagleHead.row_ms`) and a catch-up row (`row_ms`); not the probe's own catch-up (a long
-        queue is fed once, whatever the decision). Compiled, depth-1 trees took 3.6-5.2 ms."""
-        acc, curve = min(self._rows, self._hits + slack) / (self._rows + 2.0), cost.curve()
+    def _one_token_plan(self, cost: CostModel) -> SizePlan:
+        """A one-token draft at the probe's top-1 rate (without drafting cost when even a free
+        draft would not pay), charged one head row: the request's median tree-layer time, else
+        `EagleHead.row_ms`. Not the probe's own catch-up: feeding a long queue (the prompt, a long
+        sit-out) is paid once, whatever the decision; later drafts feed a step's few positions."""
+        acc, curve = self._hits / (self._rows + 2.0), cost.curve()
         free = SizePlan.at([acc], 2, curve)
         if free.rate_vs_plain < 1.0 + MIN_GAIN:
             return free              # would not pay even if drafting were free: nothing to time
-        row = self.head.row_ms(self.target)
-        return SizePlan.at([acc], 2, curve, (cost.draft_ms(DEPTH_SOURCE) or row) + row)
+        draft_ms = cost.draft_ms(DEPTH_SOURCE) or self.head.row_ms(self.target)
+        return SizePlan.at([acc], 2, curve, draft_ms)
 
     def earns_keep(self, cost: CostModel) -> bool:
         """Whether the head's drafting steps have committed tokens faster than plain steps would
@@ -468,9 +468,9 @@ class Eagle2Drafter:
     def _plan(self, tree: DraftTree, cost: CostModel, draft_ms: float) -> EagleDraft:
         probs = eagle_node_probs(tree, self.kappa)
         order = ancestor_closed_order(tree.parents, probs)
-        # judged by this step's own drafting (compiled, session 31: recent medians said 8.7 ms, 11.3 spent)
-        plan = plan_size([probs[i] for i in order], cost.curve(), draft_ms, cost.max_size)
-        pruned, self._drafted_ms = tree.subtree(order[:plan.size - 1]), draft_ms
+        plan = cost.plan("eagle", [probs[i] for i in order], draft_ms)
+        pruned = tree.subtree(order[:plan.size - 1])
+        self._drafted_ms = draft_ms
         if plan.rate_vs_plain < 1.0:
             # a draft that ran at under FAR_SHORT of a plain step's rate counts as two misses
             self._misses += 2 if plan.rate_vs_plain < FAR_SHORT else 1
