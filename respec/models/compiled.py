@@ -222,7 +222,8 @@ def tree_buckets(device: torch.device, dtype: torch.dtype) -> tuple[int, ...]:
 
 def onednn_has_bf16() -> bool:
     """Whether this CPU's oneDNN has a bf16 path (AVX-512 or later: torch's own probe; True where
-    torch has no probe)."""
+    torch has no probe). Not `devices.cpu_supports_bf16`, which asks for bf16 instructions: with
+    AVX-512 but no AVX512-BF16, oneDNN still runs bf16 linears, widened in registers."""
     probe = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
     return True if probe is None else bool(probe())
 

@@ -335,9 +335,9 @@ class HFTarget:
         static buckets, the sizes where their cost steps (compiled.bucket_edges: interpolated
         between 2 and 4, 3 rows looked cheaper than the 4 they run as). Measured once per size and
         cached on the target per context length (`measured_curve`); one untimed warm-up per size,
-        then `reps` rounds that each time every size in turn, and the fastest of each size's rounds (other
-        processes only ever add time; rounds interleave the sizes, so a busy spell cannot bend the
-        curve's shape). The engine's own cache is left untouched."""
+        then `reps` rounds that each time every size in turn, and the fastest of each size's rounds
+        (other processes only ever add time; rounds interleave the sizes, so a busy spell cannot
+        bend the curve's shape). The engine's own cache is left untouched."""
         context = max(1, min(context, self.context_length // 2))
         curve = self._cost_curves.setdefault(context, {})
         # buckets are set only with the compiled forward: an eager curve measures COST_SIZES alone
