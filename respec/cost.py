@@ -21,7 +21,8 @@ Contract (`TreeConfig.auto`, on by default on every device):
   the target continues along a drafted child, per match-length bucket, learned online from every
   verified retrieval step (Beta prior, exponentially decayed counts).
 `AutoDecision` is the record of one step's choice that drafters put in their decision.
-Pure functions (`plan_size`, `interpolate_cost`, `trie_node_probs`) are unit-tested against
+Pure functions (`plan_size`, `interpolate_cost`, `trie_node_probs`, EAGLE's depth-cut bound
+`layer_rate_bound`) are unit-tested against
 synthetic curves and acceptances (tests/test_cost_model.py).
 """
 from __future__ import annotations
@@ -121,6 +122,29 @@ def plan_size(probs: Sequence[float], curve: Mapping[int, float], draft_ms: floa
         if rate > best_rate * (1.0 + MIN_GAIN):
             best_n, best_rate = j + 2, rate
     return SizePlan.at(probs, best_n, curve, draft_ms)
+
+
+def layer_rate_bound(probs: Sequence[float], frontier_mass: float, verify_ms: Sequence[float], spent_ms: float,
+                     layer_ms: float, layers_left: int) -> float:
+    """An upper bound of the tokens per ms of a step whose tree keeps nodes of the next layers: a
+    verified size s >= 2 holding nodes of l >= 1 of the next `layers_left` layers holds at least l
+    new nodes, worth at most `frontier_mass` per layer, so at most s - 1 - l of the nodes so far
+    (`probs`: calibrated, descending). It costs verify(s) (`verify_ms[s]`, for s up to the largest
+    tree) plus its drafting: `spent_ms` so far plus l layers of `layer_ms`. A chain whose first
+    token is unsure and the rest near-certain (a word's sub-tokens) adds `frontier_mass` per
+    layer: one layer's look-ahead would undervalue it."""
+    import numpy as np
+
+    top = np.concatenate([[0.0], np.cumsum(np.clip(np.asarray(probs, dtype=np.float64), 0.0, 1.0))])   # [k + 1]
+    verify = np.asarray(verify_ms, dtype=np.float64)                                                   # [S + 1]
+    best = 0.0
+    for layers in range(1, max(1, layers_left) + 1):
+        sizes = np.arange(layers + 1, len(verify))          # sizes holding `layers` new nodes and s - 1 - layers old
+        if sizes.size == 0:
+            break
+        gain = 1.0 + top[np.minimum(sizes - 1 - layers, len(probs))] + layers * frontier_mass
+        best = max(best, float((gain / (verify[sizes] + spent_ms + layers * layer_ms)).max()))
+    return best
 
 
 def ancestor_closed_order(parents: Sequence[int], probs: Sequence[float]) -> list[int]:

@@ -229,9 +229,11 @@ def test_cost_model_drives_every_method_and_the_trace_records_prediction_and_out
 
 def test_a_probe_over_a_long_queue_checks_the_tail_only_and_feeds_the_queue_only_if_it_passes(monkeypatch):
     from respec.config import TreeConfig
+    import respec.drafters.eagle2 as eagle2
     from respec.drafters.eagle2 import SCRATCH_WINDOW, Eagle2Drafter
     from respec.drafters.eagle_head import random_head
     target = make_target("llama", seed=0)
+    monkeypatch.setattr(eagle2, "SCRATCH_QUEUE", SCRATCH_WINDOW)   # a long queue within the tiny model's context
     prompt = [(7 * i) % 90 + 3 for i in range(SCRATCH_WINDOW + 40)]
     hidden = target.prefill(prompt).hidden
     d = Eagle2Drafter(target, random_head(target), TreeConfig(total_tokens=8, depth=2, top_k=2, auto=True))
@@ -442,3 +444,31 @@ def test_a_draft_far_below_a_plain_step_counts_twice_and_a_long_catch_up_is_not_
     assert d2._drafted_ms == pytest.approx(2.0), "the 300 ms catch-up is not the draft's: one layer's 2 ms instead"
     if draft.auto.plan.size > 1:                                     # a tree was kept: its charge shows
         assert draft.auto.plan.cost_ms - interpolate_cost(cm.curve(), draft.auto.plan.size) == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("queued", [3, 40])
+def test_the_depth_cut_counts_a_long_feed_as_the_plan_does_not_as_time_spent_on_the_tree(monkeypatch, queued):
+    """A queue longer than one step commits (a prompt, a sit-out) is fed whatever is drafted: the
+    depth cut's time spent so far starts after that feed, plus one head row (as the plan charges),
+    so a sunk feed does not make another layer look cheap. A short queue's catch-up counts."""
+    from respec.config import TreeConfig
+    from respec.drafters.eagle2 import Eagle2Drafter
+    from respec.drafters.eagle_head import random_head
+    target = make_target("llama", seed=0)
+    prompt = [(3 * i) % 90 + 3 for i in range(queued)]
+    d = Eagle2Drafter(target, random_head(target), TreeConfig(total_tokens=8, depth=3, top_k=2, auto=True))
+    d.reset(prompt, target.prefill(prompt).hidden)
+    d._probing = False
+    now = [100.0]
+    monkeypatch.setattr(d, "clock", lambda: now[0])
+    feed = d.catch_up
+    monkeypatch.setattr(d, "catch_up", lambda *a, **k: (now.__setitem__(0, now[0] + 0.5), feed(*a, **k))[1])
+    monkeypatch.setattr(d.head, "row_ms", lambda target, reps=3: 1.25)
+    seen = []
+    rule = d._expand_rule
+    monkeypatch.setattr(d, "_expand_rule", lambda cost, cfg, t0, timer=None, spent_before=0.0:
+                        seen.append((t0, spent_before)) or rule(cost, cfg, t0, timer, spent_before))
+    draft = d.draft_tree(prompt, 5, cost=CostModel(lambda n: dict(NO_AMX), max_size=8))
+    long_queue = queued > 3 + 1
+    assert seen == ([(100.5, 1.25)] if long_queue else [(100.0, 0.0)])
+    assert draft.auto is not None and d._drafted_ms == pytest.approx(1.25 if long_queue else 500.0)

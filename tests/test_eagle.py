@@ -181,3 +181,58 @@ def test_head_uses_the_target_rope_base_in_float32_and_saves_it(tmp_path):
     save_eagle_head(head, tmp_path)
     assert _json.loads((tmp_path / "config.json").read_text())["rope_theta"] == 100000.0
     assert _rope_theta(load_eagle_head(tmp_path, target).config) == 100000.0
+
+
+def _heads(target):
+    from respec.drafters.eagle3_head import random_eagle3_head
+    return {"eagle-llama": random_head(target, seed=4), "eagle-qwen2-bias": random_head(target, seed=5, qkv_bias=True),
+            "eagle3": random_eagle3_head(target, seed=6)}
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_feeding_context_rows_keys_only_equals_the_full_layer(arch):
+    """`feed_context` writes what the layer would write to its cache (keys and values) without the
+    rows' outputs: rows fed after it predict exactly as after a full forward of the same rows."""
+    from respec.models.kv import slab_cache
+    target = make_target(arch, seed=7)
+    gen = torch.Generator().manual_seed(0)
+    m, ctx = 40, 29
+    emb = target.embed(torch.randint(0, target.vocab_size, (m,), generator=gen))              # [m, H]
+    pos = torch.arange(3, 3 + m)
+    for name, head in _heads(target).items():
+        feat = torch.randn(m, head.fc.in_features - (emb.shape[1] if head.feature_layers is None else 0),
+                           generator=gen, dtype=emb.dtype)                                      # [m, F]
+        full, split = slab_cache(head.config), slab_cache(head.config)
+        with torch.inference_mode():
+            want = head(emb, feat, pos, full, None)[ctx:]                                         # [m - ctx, H]
+            head.feed_context(emb[:ctx], feat[:ctx], pos[:ctx], split)
+            got = head(emb[ctx:], feat[ctx:], pos[ctx:], split, None)
+        assert split.get_seq_length() == full.get_seq_length() == m
+        assert torch.allclose(got, want, atol=1e-10, rtol=0), f"{name}: outputs after keys-only rows differ"
+        assert torch.allclose(split.layers[0].keys, full.layers[0].keys, atol=1e-10, rtol=0), name
+        assert torch.allclose(split.layers[0].values, full.layers[0].values, atol=1e-10, rtol=0), name
+
+
+def test_a_long_catch_up_feeds_unread_rows_keys_only_and_predicts_and_probes_as_before(monkeypatch):
+    """A prompt longer than KV_ONLY_ROWS: the catch-up's prediction and the probe's counted rows are
+    those of a catch-up that runs the whole layer over every row."""
+    import respec.drafters.eagle2 as eagle2
+    target = make_target("llama", seed=8)
+    head = random_head(target, seed=9)
+    prompt = [int(t) for t in torch.randint(0, target.vocab_size, (80,), generator=torch.Generator().manual_seed(1))]
+    hidden = target.prefill(prompt).hidden
+    calls = []
+    real = head.feed_context
+    monkeypatch.setattr(head, "feed_context", lambda *a: (calls.append(a[0].shape[0]), real(*a)))
+    results = {}
+    for rows in (eagle2.KV_ONLY_ROWS, 10 ** 9):
+        monkeypatch.setattr(eagle2, "KV_ONLY_ROWS", rows)
+        drafter = Eagle2Drafter(target, head, TreeConfig(top_k=3, depth=3, total_tokens=12))
+        drafter.reset(prompt, hidden)
+        f, logp = drafter.catch_up(prompt, 40, check=True)
+        drafter._exact_hits()
+        results[rows] = (f, logp, drafter._hits, drafter._rows, drafter.kv_len)
+    assert calls == [80 - eagle2.PROBE_ROWS - 1], "only the rows nobody reads go keys-only"
+    (f1, lp1, h1, r1, n1), (f2, lp2, h2, r2, n2) = results.values()
+    assert torch.allclose(f1, f2, atol=1e-10, rtol=0) and torch.allclose(lp1, lp2, atol=1e-9, rtol=0)
+    assert (h1, r1, n1) == (h2, r2, n2) and r1 == eagle2.PROBE_ROWS and n1 == 80

@@ -32,7 +32,7 @@ import torch
 
 from respec.config import TreeConfig
 from respec.cost import (MIN_GAIN, AutoDecision, CostModel, SizePlan, ancestor_closed_order, interpolate_cost,
-                         plan_size)
+                         layer_rate_bound, plan_size)
 from respec.drafters.base import Decision, DraftContext, Proposal, StepOutcome
 from respec.drafters.probe import bound_hits, check_vocab
 # the search (respec/drafters/eagle_search.py); its names stay importable from here
@@ -56,29 +56,6 @@ def capped_tree_config(cfg: TreeConfig, max_nodes: int) -> TreeConfig:
     if cfg.total_tokens <= max_nodes:
         return cfg
     return dataclasses.replace(cfg, total_tokens=max(1, max_nodes))
-
-
-def layer_rate_bound(probs: Sequence[float], frontier_mass: float, verify_ms: Sequence[float], spent_ms: float,
-                     layer_ms: float, layers_left: int) -> float:
-    """An upper bound of the tokens per ms of a step whose tree keeps nodes of the next layers: a
-    verified size s >= 2 holding nodes of l >= 1 of the next `layers_left` layers holds at least l
-    new nodes, worth at most `frontier_mass` per layer, so at most s - 1 - l of the nodes so far
-    (`probs`: calibrated, descending). It costs verify(s) (`verify_ms[s]`, for s up to the largest
-    tree) plus its drafting: `spent_ms` so far plus l layers of `layer_ms`. A chain whose first
-    token is unsure and the rest near-certain (a word's sub-tokens) adds `frontier_mass` per
-    layer: one layer's look-ahead would undervalue it."""
-    import numpy as np
-
-    top = np.concatenate([[0.0], np.cumsum(np.clip(np.asarray(probs, dtype=np.float64), 0.0, 1.0))])   # [k + 1]
-    verify = np.asarray(verify_ms, dtype=np.float64)                                                   # [S + 1]
-    best = 0.0
-    for layers in range(1, max(1, layers_left) + 1):
-        sizes = np.arange(layers + 1, len(verify))          # sizes holding `layers` new nodes and s - 1 - layers old
-        if sizes.size == 0:
-            break
-        gain = 1.0 + top[np.minimum(sizes - 1 - layers, len(probs))] + layers * frontier_mass
-        best = max(best, float((gain / (verify[sizes] + spent_ms + layers * layer_ms)).max()))
-    return best
 
 
 def calibrated(scores: Sequence[float], kappa: float) -> list[float]:
@@ -118,10 +95,15 @@ class _LayerTimer:
 # ---------------------------------------------------------------------------- the drafter
 PROBE_ROWS = 16    # catch-up rows whose head predictions are checked against the committed text
 MAX_SKIP = 64      # longest stretch of steps the head sits out before the next probe
-SCRATCH_WINDOW = 64  # a probe over a longer queue checks the head on this many last positions first
+SCRATCH_WINDOW = 64  # a probe over a queue of over SCRATCH_QUEUE rows checks the head on this many last
+SCRATCH_QUEUE = 1024  # positions first (shorter feeds, keys-only, cost about what that check does: session 32)
 EARN_DECAY = 0.97   # per drafting step: the head's earnings are judged over its last ~30 drafts
 FAR_SHORT = 0.75   # a draft below this rate vs plain steps backs the head off twice as fast
 DEPTH_SOURCE = "eagle layer"   # the cost model's record of one tree layer's drafting time
+# a feed's unread rows go keys-only from this many (default model, float32, 2-core AMD EPYC, eager head:
+# 24 rows 3.9 ms full, 4.1 split; 80: 7.3 -> 4.8; 1,500: 130 -> 22; a compiled head's full feed over an
+# empty cache costs more: a 44-row first probe 13.6 ms against 6.0 for a 78-row one fed keys-only first)
+KV_ONLY_ROWS = 8
 
 
 @dataclass(frozen=True)
@@ -149,9 +131,12 @@ class Eagle2Drafter:
     request starts with a probe (a random head never drafts; a new kind of prompt is judged at
     once); a head the runner's last request left off (`backoff`, respec/memory.py) goes on from its
     misses. A draft is not charged the feeding of a queue longer than one step commits (paid once
-    whatever is drafted; session 25: 22.9 ms of a 12 ms step); over a long queue the probe first
-    runs the head on the last SCRATCH_WINDOW positions in a throwaway cache: a head matching none
-    stays off with the queue unfed, any other is fed the whole queue and judged in full context."""
+    whatever is drafted; session 25: 22.9 ms of a 12 ms step); over a queue of more than
+    SCRATCH_QUEUE rows the probe first runs the head on the last SCRATCH_WINDOW positions in a
+    throwaway cache: a head matching none stays off with the queue unfed, any other is fed the
+    whole queue and judged in full context.
+    A feed's rows whose predictions nobody reads (all but the probe's and the last, KV_ONLY_ROWS
+    or more) only get their keys and values written (`EagleHead.feed_context`)."""
 
     name = "eagle2"
     needs_hidden = True
@@ -235,23 +220,27 @@ class Eagle2Drafter:
         PROBE_ROWS positions' predicted features and the tokens that followed them for the probe,
         and sets `self._hits` of `self._rows` to an upper bound of their top-1 matches computed over
         a few hundred output rows (respec/drafters/probe.py, `context` supplying candidates); the
-        exact count follows only if the bound says the head might pay (`_exact_hits`)."""
+        exact count follows only if the bound says the head might pay (`_exact_hits`). Rows before
+        those are fed keys-only when there are KV_ONLY_ROWS of them or more."""
         m = feats.shape[0]
         dev = self.target.device
-        tok = upload(list(nxt), dev, label="catch-up")                            # [m]
+        emb = self.target.embed(upload(list(nxt), dev, label="catch-up"))         # [m, H]
         pos = torch.arange(start, start + m, device=dev)
-        out = self.head(self.target.embed(tok), feats, pos, cache, None)           # [m, H]
         r = min(m - 1, PROBE_ROWS) if check else 0
+        ctx = m - r - 1 if m - r - 1 >= KV_ONLY_ROWS else 0     # rows whose predictions nobody reads
+        if ctx:
+            self.head.feed_context(emb[:ctx], feats[:ctx], pos[:ctx], cache)
+        out = self.head(emb[ctx:], feats[ctx:], pos[ctx:], cache, None)           # [m - ctx, H]
         self._check = None
         self._hits = self._rows = 0
         if r > 0:
             truth = [int(t) for t in nxt[m - r:]]
-            rows = out[m - 1 - r:m - 1]                                              # [r, H]
+            rows = out[-1 - r:-1]                                                    # [r, H]
             self._check = (rows, truth)
             ids = check_vocab(self.target.vocab_size, truth, context, self.head.draft_vocab)
             logits = self.head.logits_over(self.target, rows, ids) if ids.numel() else rows.new_zeros(r, 0)
             self._hits, self._rows = bound_hits(logits, truth, ids), r
-        logits = self.head.draft_logits(self.target, out[m - 1:]).float()           # [1, V]
+        logits = self.head.draft_logits(self.target, out[-1:]).float()              # [1, V]
         return out[-1], torch.log_softmax(logits[-1], dim=-1)                      # [H], [V]
 
     def _exact_hits(self) -> None:
@@ -312,7 +301,7 @@ class Eagle2Drafter:
             raise RuntimeError("EAGLE drafter used before reset")
         probing = cost is not None and self._probing
         fed_from = self.kv_len
-        if probing and sum(p.shape[0] for p in self._pending) > SCRATCH_WINDOW:
+        if probing and sum(p.shape[0] for p in self._pending) > SCRATCH_QUEUE:
             # a long queue (a prompt, or many steps with the head off): judge the head on its tail
             # first, and feed the whole queue only if it is worth drafting with
             self.scratch_check(committed, root)
@@ -328,14 +317,16 @@ class Eagle2Drafter:
                 return EagleDraft(DraftTree.root_only(root), refusal)
         self._probing = False
         # a queue longer than one step commits (the prompt, a sit-out) is fed once whatever is
-        # drafted: the plan is charged the tree's growth and one head row in its place
-        t_tree = self.clock() if self.kv_len - fed_from > cfg.depth + 1 else None
+        # drafted: the plan, and the depth cut's time spent, count the tree's growth and one head row in its place
+        t_tree, row_ms = t0, 0.0
+        if cost is not None and self.kv_len - fed_from > cfg.depth + 1:
+            t_tree, row_ms = self.clock(), cost.draft_ms(DEPTH_SOURCE) or self.head.row_ms(self.target)
         stable = self.kv_len
         step_fn, expand = self._step_fn(stable), None
         self._cut, timer = None, None
         if cost is not None and cfg.depth_cut:
             timer = _LayerTimer(step_fn, cost, self._cuda)
-            step_fn, expand = timer, self._expand_rule(cost, cfg, t0, timer)
+            step_fn, expand = timer, self._expand_rule(cost, cfg, t_tree, timer, row_ms)
         try:
             tree = expand_tree(step_fn, root, f, logp, cfg, vocab=self.head.draft_vocab, expand=expand)
             if timer is not None:
@@ -346,19 +337,18 @@ class Eagle2Drafter:
                 self.cache.crop(-added)      # the draft tree's KV is scratch: keep the context only
         if cost is None:
             return EagleDraft(tree)
-        now = self.clock()
-        charged = ((now - t0) * 1000 if t_tree is None else
-                   (now - t_tree) * 1000 + (cost.draft_ms(DEPTH_SOURCE) or self.head.row_ms(self.target)))
-        return self._plan(tree, cost, charged)
+        return self._plan(tree, cost, (self.clock() - t_tree) * 1000 + row_ms)
 
     def _expand_rule(self, cost: CostModel, cfg: TreeConfig, t0: float,
-                     timer: "_LayerTimer | None" = None) -> ExpandRule:
+                     timer: "_LayerTimer | None" = None, spent_before: float = 0.0) -> ExpandRule:
         """The cost model's depth cut: grow another layer only if it could raise the step's
         expected tokens per millisecond. The next layer's nodes are children of the frontier, so
         their calibrated probabilities add up to at most κ·Σ exp(frontier score) (every later
         layer's to no more); a layer costs the median recent layer time (the head's row time,
         `EagleHead.row_ms`, before any layer of the request is timed). The rate to beat is the
-        best the nodes so far reach (their plan, with the drafting time spent so far). A layer is
+        best the nodes so far reach (their plan, with the drafting time spent so far: from `t0`, plus
+        `spent_before`; after a long queue's feed, the tree's growth and one head row, as its plan
+        is charged, since that feed is paid whatever is grown). A layer is
         grown only if both (1) that bound per layer-millisecond beats it, and (2) some verified
         size holding nodes of the layers still to grow could beat the step's rate if it stopped
         now, with every size's verify cost and the drafting counted on both sides
@@ -380,7 +370,7 @@ class Eagle2Drafter:
             if layer_ms <= 0.0:
                 return True
             probs = sorted(calibrated(scores, kappa), reverse=True)
-            spent = (self.clock() - t0) * 1000
+            spent = (self.clock() - t0) * 1000 + spent_before
             now = plan_size(probs, curve, spent, max_size=cfg.total_tokens)
             bound = kappa * sum(math.exp(sc) for sc in frontier)
             rate_now = now.expected_tokens / now.cost_ms

@@ -78,12 +78,17 @@ class Eagle3Head(EagleHead):
         g = feat.to(emb.dtype)
         return self.fc(g) if fused and g.shape[-1] == self.fc.in_features else g
 
+    def attention_input(self, emb: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        """What the attention projects: [input_norm(emb) ; hidden_norm(g)] [B, q, 2H]."""
+        layer = self.layers[0]
+        return torch.cat([layer.input_layernorm(emb), layer.hidden_norm(g)], dim=-1)
+
     def layer(self, emb: torch.Tensor, g: torch.Tensor, pos: torch.Tensor, cache, mask: torch.Tensor | None,
               cos_sin) -> torch.Tensor:
         """The EAGLE-3 layer over a batch: emb, g [B, q, H], pos [B, q] -> pre-norm outputs
         [B, q, H]; appends q rows per sequence to `cache`."""
         layer = self.layers[0]
-        x = torch.cat([layer.input_layernorm(emb), layer.hidden_norm(g)], dim=-1)     # [B, q, 2H]
+        x = self.attention_input(emb, g)                                              # [B, q, 2H]
         residual = layer.hidden_norm(g) if self.norm_before_residual else g
         attn = layer.self_attn(x, position_embeddings=cos_sin, attention_mask=mask, cache=cache, position_ids=pos)
         h = residual + (attn[0] if isinstance(attn, tuple) else attn)
