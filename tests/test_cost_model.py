@@ -244,7 +244,7 @@ def test_a_probe_over_a_long_queue_checks_the_tail_only_and_feeds_the_queue_only
     assert d._rows == 16 and sum(p.shape[0] for p in d._pending) == len(prompt), "the queue is kept"
     d.reset(prompt, hidden)
     monkeypatch.setattr(d, "scratch_check", lambda committed, root: setattr(d, "_hits", 3) or setattr(d, "_rows", 16))
-    monkeypatch.setattr(d, "_probe_refusal", lambda cost, ms=0.0: None)
+    monkeypatch.setattr(d, "_probe_refusal", lambda cost: None)
     tree = d.draft_tree(prompt, 5, cost=cm).tree
     assert d.kv_len == len(prompt) and not d._pending, "a head with hits is fed the whole queue, then drafts"
     assert d._rows == 16, "and judged again with its full context"

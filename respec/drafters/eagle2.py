@@ -320,7 +320,7 @@ class Eagle2Drafter:
         # drafted: the plan, and the depth cut's time spent, count the tree's growth and one head row in its place
         t_tree, row_ms = t0, 0.0
         if cost is not None and self.kv_len - fed_from > cfg.depth + 1:
-            t_tree, row_ms = self.clock(), cost.draft_ms(DEPTH_SOURCE) or self.head.row_ms(self.target)
+            t_tree, row_ms = self.clock(), self._layer_ms(cost)
         stable = self.kv_len
         step_fn, expand = self._step_fn(stable), None
         self._cut, timer = None, None
@@ -366,7 +366,7 @@ class Eagle2Drafter:
             if timer is not None:
                 timer.flush()                     # the layers timed so far (read back: their events are done)
             # no layer timed yet in this request: the head's row time stands in (as for a probe)
-            layer_ms = cost.draft_ms(DEPTH_SOURCE) or self.head.row_ms(self.target)
+            layer_ms = self._layer_ms(cost)
             if layer_ms <= 0.0:
                 return True
             probs = sorted(calibrated(scores, kappa), reverse=True)
@@ -442,8 +442,11 @@ class Eagle2Drafter:
         free = SizePlan.at([acc], 2, curve)
         if free.rate_vs_plain < 1.0 + MIN_GAIN:
             return free              # would not pay even if drafting were free: nothing to time
-        draft_ms = cost.draft_ms(DEPTH_SOURCE) or self.head.row_ms(self.target)
-        return SizePlan.at([acc], 2, curve, draft_ms)
+        return SizePlan.at([acc], 2, curve, self._layer_ms(cost))
+
+    def _layer_ms(self, cost: CostModel) -> float:
+        """One tree layer's drafting ms: the request's median layer time, else `EagleHead.row_ms`."""
+        return cost.draft_ms(DEPTH_SOURCE) or self.head.row_ms(self.target)
 
     def earns_keep(self, cost: CostModel) -> bool:
         """Whether the head's drafting steps have committed tokens faster than plain steps would

@@ -240,7 +240,7 @@ class EagleHead(nn.Module):
         the default model ~1/5 of a full row's multiply-adds, and no attention over the context."""
         x = self.layer_input(emb, feat)[None]                                       # [1, q, H]
         cos, sin = self.rotary(x, positions[None])                                  # [1, q, D] each
-        a = self.attention_input(emb[None].to(x.dtype), x)                           # [1, q, H or 2H]
+        a = self.attention_input(emb[None], x)                                      # [1, q, H or 2H]
         attn = self.layers[0].self_attn
         shape = (1, x.shape[1], -1, attn.head_dim)
         k = attn.k_proj(a).view(shape).transpose(1, 2)                             # [1, H_kv, q, D]
