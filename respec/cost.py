@@ -124,26 +124,36 @@ def plan_size(probs: Sequence[float], curve: Mapping[int, float], draft_ms: floa
     return SizePlan.at(probs, best_n, curve, draft_ms)
 
 
-def layer_rate_bound(probs: Sequence[float], frontier_mass: float, verify_ms: Sequence[float], spent_ms: float,
+def layer_rate_bound(probs: Sequence[float], frontier: Sequence[float], verify_ms: Sequence[float], spent_ms: float,
                      layer_ms: float, layers_left: int) -> float:
     """An upper bound of the tokens per ms of a step whose tree keeps nodes of the next layers: a
-    verified size s >= 2 holding nodes of l >= 1 of the next `layers_left` layers holds at least l
-    new nodes, worth at most `frontier_mass` per layer, so at most s - 1 - l of the nodes so far
-    (`probs`: calibrated, descending). It costs verify(s) (`verify_ms[s]`, for s up to the largest
-    tree) plus its drafting: `spent_ms` so far plus l layers of `layer_ms`. A chain whose first
-    token is unsure and the rest near-certain (a word's sub-tokens) adds `frontier_mass` per
-    layer: one layer's look-ahead would undervalue it."""
+    verified size s >= 2 holding n >= l new nodes from l >= 1 of the next `layers_left` layers
+    holds s - 1 - n of the nodes so far (`probs`: calibrated, descending) and costs verify(s)
+    (`verify_ms[s]`, for s up to the largest tree) plus its drafting: `spent_ms` so far plus l
+    layers of `layer_ms`. A node never outweighs its parent, and a parent's children share its
+    mass, so k nodes of one new layer descend from at most k frontier nodes and are worth at most
+    T(k), the sum of the k largest `frontier` probabilities (calibrated); n nodes over l layers
+    at most l·T(n/l) (T concave, interpolated). A chain whose first token is unsure and the rest
+    near-certain (a word's sub-tokens) adds T(1) per layer: one layer's look-ahead would undervalue
+    it. (Until session 33 every new layer was valued at the whole frontier's mass, as if a few
+    slots could verify it all: on a compiled CPU forward, where a layer costs a fifth of a step,
+    trees grew 2-4 layers to keep one node.)"""
     import numpy as np
 
     top = np.concatenate([[0.0], np.cumsum(np.clip(np.asarray(probs, dtype=np.float64), 0.0, 1.0))])   # [k + 1]
+    front = np.sort(np.clip(np.asarray(frontier, dtype=np.float64), 0.0, 1.0))[::-1]
+    t_front = np.concatenate([[0.0], np.cumsum(front)])                                              # [F + 1]: T(k)
     verify = np.asarray(verify_ms, dtype=np.float64)                                                   # [S + 1]
     best = 0.0
     for layers in range(1, max(1, layers_left) + 1):
-        sizes = np.arange(layers + 1, len(verify))          # sizes holding `layers` new nodes and s - 1 - layers old
-        if sizes.size == 0:
+        sizes = np.arange(layers + 1, len(verify))          # sizes holding at least `layers` new nodes
+        if sizes.size == 0 or front.size == 0:
             break
-        gain = 1.0 + top[np.minimum(sizes - 1 - layers, len(probs))] + layers * frontier_mass
-        best = max(best, float((gain / (verify[sizes] + spent_ms + layers * layer_ms)).max()))
+        new = np.arange(layers, len(verify) - 1)            # new nodes n (rows) for each size (columns)
+        old = np.minimum(sizes[None, :] - 1 - new[:, None], len(probs))                            # [n, s]
+        new_mass = layers * np.interp(new / layers, np.arange(t_front.size), t_front)               # [n]
+        gain = np.where(old >= 0, 1.0 + top[np.maximum(old, 0)] + new_mass[:, None], 0.0)          # [n, s]
+        best = max(best, float((gain / (verify[sizes] + spent_ms + layers * layer_ms)[None, :]).max()))
     return best
 
 

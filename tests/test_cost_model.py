@@ -190,6 +190,28 @@ def test_a_head_that_predicts_well_passes_its_probe_and_drafts():
     assert d._probe_refusal(cm) is not None and d._skip == 8, "1 of 16 does not pay for a 5 ms draft"
 
 
+def test_a_first_probe_refused_on_the_prompt_waits_for_the_answer_without_a_miss():
+    """A request's first probe is judged on its prompt, which a head trained on answers predicts
+    worse (session 32: 0.16 against 0.36 of rows): refused with some matches, the head sits out
+    PROBE_ROWS steps with its carried misses untouched, so the next probe judges the answer's own
+    rows; then it backs off as before. A head matching nothing backs off at once."""
+    from respec.config import TreeConfig
+    from respec.drafters.eagle2 import PROBE_ROWS, Eagle2Drafter
+    from respec.drafters.eagle_head import random_head
+    target = make_target("llama", seed=0)
+    d = Eagle2Drafter(target, random_head(target), TreeConfig(total_tokens=8, depth=2, top_k=2, auto=True))
+    cm = CostModel(lambda n: dict(NO_AMX), max_size=8)
+    cm.draft_ms(DEPTH_SOURCE, 5.0)
+    d._misses = 3                                  # carried from the runner's last request
+    d._hits, d._rows = 2, 16
+    assert d._probe_refusal(cm) is not None and d._skip == PROBE_ROWS and d._misses == 3
+    d._hits, d._rows = 2, 16                       # the answer's rows: refused again, a miss
+    assert d._probe_refusal(cm) is not None and d._misses == 4 and d._skip == 16
+    d._reset_auto()
+    d._hits, d._rows = 0, 16                       # nothing matched at the first probe: no waiting
+    assert d._probe_refusal(cm) is not None and d._misses == 2 and d._skip == 4
+
+
 def test_a_probe_charges_a_one_row_draft_not_its_own_catch_up(monkeypatch):
     """A probe's catch-up (a long prompt, a long sit-out) is paid once; what a one-token draft costs
     from then on is one head row: the request's median layer time, else the head's row cost."""
@@ -337,15 +359,15 @@ def test_the_depth_cut_counts_the_verify_cost_of_the_slots_a_layer_needs():
     def upto16(curve):                                   # [size] -> ms, sizes 0..16
         return [interpolate_cost(curve, n) for n in range(17)]
     weak = [math.log(0.05)] * 4                          # layer 1: nothing worth a slot
-    frontier_mass = 4 * 0.05                             # 0.2 tokens for a 3.4 ms layer: 0.059/ms > plain 0.031/ms
-    assert frontier_mass / 3.4 > 1 / 32.5
-    assert layer_rate_bound([0.05] * 4, frontier_mass, upto16(steep), 0.0, 3.4, 4) < 1 / 32.5, \
+    frontier = [0.05] * 4                                # 0.2 tokens for a 3.4 ms layer: 0.059/ms > plain 0.031/ms
+    assert sum(frontier) / 3.4 > 1 / 32.5
+    assert layer_rate_bound([0.05] * 4, frontier, upto16(steep), 0.0, 3.4, 4) < 1 / 32.5, \
         "but no size pays with its slots, even over 4 layers"
-    assert layer_rate_bound([0.05] * 4, frontier_mass, upto16(AMX), 0.0, 3.4, 1) > 1 / 50.0, "where a slot is free it may"
+    assert layer_rate_bound([0.05] * 4, frontier, upto16(AMX), 0.0, 3.4, 1) > 1 / 50.0, "where a slot is free it may"
     # a word's first sub-token unsure (0.08), the rest near-certain: each deeper layer adds 0.08 again
     flat_ish = {1: 37.4, 2: 39.3, 4: 40.1, 8: 41.6, 16: 43.2}
-    one = layer_rate_bound([], 0.08, upto16(flat_ish), 0.0, 1.8, 1)
-    four = layer_rate_bound([], 0.08, upto16(flat_ish), 0.0, 1.8, 4)
+    one = layer_rate_bound([], [0.08], upto16(flat_ish), 0.0, 1.8, 1)
+    four = layer_rate_bound([], [0.08], upto16(flat_ish), 0.0, 1.8, 4)
     assert one < 1 / 37.4 < four, "one layer's look-ahead would cut the chain; four layers' pay"
     target = make_target("llama", seed=0)
     cfg = TreeConfig(top_k=4, depth=4, total_tokens=16, auto=True)
@@ -355,6 +377,43 @@ def test_the_depth_cut_counts_the_verify_cost_of_the_slots_a_layer_needs():
         cm = CostModel(lambda n, c=curve: dict(c), max_size=16)
         cm.draft_ms(DEPTH_SOURCE, 3.4)
         assert d._expand_rule(cm, cfg, 0.0)(weak, weak) is grows
+
+
+def test_the_depth_cut_bound_holds_for_any_next_layers_and_values_a_wide_frontier_by_its_best_slots():
+    """`layer_rate_bound` stays an upper bound of every tree that keeps nodes of the next layers
+    (random trees whose children share at most their parent's probability), yet a frontier's mass
+    spread over many nodes is worth only the slots it can fill: where three tokens cost 1.36
+    steps (a compiled 2-core CPU forward, session 32), a 0.37 node with nine small siblings does
+    not grow a last layer, which it did when each layer was valued at the whole frontier's mass."""
+    from respec.cost import layer_rate_bound
+    rng = random.Random(0)
+    compiled = {1: 20.0, 2: 21.5, 4: 27.1, 8: 36.0, 16: 48.0}
+    verify = [interpolate_cost(compiled, n) for n in range(17)]
+    for _ in range(300):
+        old = sorted((rng.uniform(0.01, 0.9) for _ in range(rng.randint(1, 6))), reverse=True)
+        frontier = old[:rng.randint(1, len(old))]
+        layers, parents = [], frontier
+        for _ in range(3):                       # children share at most (strictly less than) their parent's mass
+            kids = []
+            for p in parents:
+                w = [rng.random() + 1e-3 for _ in range(rng.randint(1, 3))]
+                kids += [p * rng.uniform(0.0, 0.999) * x / sum(w) for x in w]
+            layers.append(kids)
+            parents = kids
+        spent, layer_ms = rng.uniform(0.0, 6.0), rng.uniform(0.5, 6.0)
+        for depth in (1, 2, 3):
+            bound = layer_rate_bound(old, frontier, verify, spent, layer_ms, depth)
+            pool = sorted([(q, 0) for q in old] + [(q, d + 1) for d in range(depth) for q in layers[d]], reverse=True)
+            for s in range(2, 17):               # the best s - 1 nodes: a tree (children < parents)
+                kept = pool[:s - 1]
+                grown = max(d for _, d in kept)
+                if grown >= 1:
+                    rate = (1 + sum(q for q, _ in kept)) / (verify[s] + spent + grown * layer_ms)
+                    assert rate <= bound + 1e-12, (old, frontier, s, depth)
+    wide = [0.37, 0.1, 0.08, 0.06, 0.05, 0.04, 0.03, 0.03, 0.02, 0.02]
+    stop_now = 1.37 / (verify[2] + 3.0)
+    assert layer_rate_bound(wide, wide, verify, 3.0, 4.0, 1) < stop_now
+    assert layer_rate_bound(wide, [sum(wide)], verify, 3.0, 4.0, 1) > stop_now, "the whole mass in one node would"
 
 
 def test_the_depth_cut_says_why_in_the_decision_and_can_be_switched_off():

@@ -130,7 +130,8 @@ class Eagle2Drafter:
     even a one-token draft (charged one head row, never the probe's catch-up) would pay. Every
     request starts with a probe (a random head never drafts; a new kind of prompt is judged at
     once); a head the runner's last request left off (`backoff`, respec/memory.py) goes on from its
-    misses. A draft is not charged the feeding of a queue longer than one step commits (paid once
+    misses; refused on the prompt's rows (a head trained on answers matches 0.16 of them, 0.36 of
+    answers: session 32) with some matches, it waits PROBE_ROWS steps, no miss, to judge the answer's. A draft is not charged the feeding of a queue longer than one step commits (paid once
     whatever is drafted; session 25: 22.9 ms of a 12 ms step); over a queue of more than
     SCRATCH_QUEUE rows the probe first runs the head on the last SCRATCH_WINDOW positions in a
     throwaway cache: a head matching none stays off with the queue unfed, any other is fed the
@@ -163,6 +164,7 @@ class Eagle2Drafter:
         self._misses = 0
         self._skip = 0
         self._probing = True
+        self._first_probe = True                  # the request's first probe (judged on its prompt) is to come
         self._last_pred: float | None = None
         self._drafted_ms: float | None = None     # this step's drafting time, when the head grew a tree
         self._earned_tokens = self._earned_ms = 0.0   # its drafting steps' committed tokens and ms, decayed
@@ -315,7 +317,7 @@ class Eagle2Drafter:
             refusal = self._probe_refusal(cost)
             if refusal is not None:
                 return EagleDraft(DraftTree.root_only(root), refusal)
-        self._probing = False
+        self._probing = self._first_probe = False
         # a queue longer than one step commits (the prompt, a sit-out) is fed once whatever is
         # drafted: the plan, and the depth cut's time spent, count the tree's growth and one head row in its place
         t_tree, row_ms = t0, 0.0
@@ -344,7 +346,7 @@ class Eagle2Drafter:
         """The cost model's depth cut: grow another layer only if it could raise the step's
         expected tokens per millisecond. The next layer's nodes are children of the frontier, so
         their calibrated probabilities add up to at most κ·Σ exp(frontier score) (every later
-        layer's to no more); a layer costs the median recent layer time (the head's row time,
+        layer's to no more; k of them to no more than the k likeliest frontier nodes); a layer costs the median recent layer time (the head's row time,
         `EagleHead.row_ms`, before any layer of the request is timed). The rate to beat is the
         best the nodes so far reach (their plan, with the drafting time spent so far: from `t0`, plus
         `spent_before`; after a long queue's feed, the tree's growth and one head row, as its plan
@@ -377,7 +379,8 @@ class Eagle2Drafter:
             # (2): the drafting so far is spent whatever is grown, so it is charged on both sides
             stop_now = now.expected_tokens / (verify_ms[now.size] + spent)
             grow = (bound / layer_ms > rate_now and
-                    layer_rate_bound(probs, bound, verify_ms, spent, layer_ms, cfg.depth - asked + 1) > stop_now)
+                    layer_rate_bound(probs, calibrated(frontier, kappa), verify_ms, spent, layer_ms,
+                                     cfg.depth - asked + 1) > stop_now)
             if not grow:
                 self._cut = (bound, layer_ms)
             return grow
@@ -425,8 +428,11 @@ class Eagle2Drafter:
             return None
         self._check = None
         # a head that matched nothing over many rows is plainly useless: back off twice as fast
-        self._misses += 2 if (self._hits == 0 and self._rows >= PROBE_ROWS // 2) else 1
-        self._skip = min(MAX_SKIP, 2 ** self._misses)
+        useless = self._hits == 0 and self._rows >= PROBE_ROWS // 2
+        wait = self._first_probe and not useless     # judged on the prompt: wait for the answer's rows, no miss
+        self._misses += 0 if wait else 2 if useless else 1
+        self._skip = PROBE_ROWS if wait else min(MAX_SKIP, 2 ** self._misses)
+        self._first_probe = False
         matched = f"at most {self._hits}" if bound else f"{self._hits}"
         return AutoDecision(plan=plan, kept=1, probe_hits=self._hits, probe_rows=self._rows,
                             reason=f"auto probe: the head's top-1 matched {matched} of the last "
