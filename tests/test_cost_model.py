@@ -8,7 +8,7 @@ import pytest
 
 from respec.cost import (MIN_GAIN, OFFSET_WINDOW, ContinuationEstimator, CostModel, SizePlan, ancestor_closed_order,
                          interpolate_cost, plan_size, trie_node_probs)
-from respec.drafters.eagle2 import DEPTH_SOURCE
+from respec.drafters.eagle2 import DEPTH_SOURCE, ROOT_SOURCE
 from respec.tree import DraftTree
 from tests.conftest import inject_costs, make_target, run
 
@@ -186,7 +186,7 @@ def test_a_head_that_predicts_well_passes_its_probe_and_drafts():
     assert refusal is not None and d._skip == 4 and refusal.kept == 1, "0 of 16: back off fast"
     assert refusal.to_dict()["kept"] == 1, "the trace records the head switched off"
     d._hits, d._rows = 1, 16
-    cm.draft_ms(DEPTH_SOURCE, 5.0)                 # the request's tree layers take 5 ms
+    cm.draft_ms(ROOT_SOURCE, 5.0)                  # the request's draft starts take 5 ms
     assert d._probe_refusal(cm) is not None and d._skip == 8, "1 of 16 does not pay for a 5 ms draft"
 
 
@@ -201,7 +201,7 @@ def test_a_first_probe_refused_on_the_prompt_waits_for_the_answer_without_a_miss
     target = make_target("llama", seed=0)
     d = Eagle2Drafter(target, random_head(target), TreeConfig(total_tokens=8, depth=2, top_k=2, auto=True))
     cm = CostModel(lambda n: dict(NO_AMX), max_size=8)
-    cm.draft_ms(DEPTH_SOURCE, 5.0)
+    cm.draft_ms(ROOT_SOURCE, 5.0)
     d._misses = 3                                  # carried from the runner's last request
     d._hits, d._rows = 2, 16
     assert d._probe_refusal(cm) is not None and d._skip == PROBE_ROWS and d._misses == 3
@@ -214,7 +214,8 @@ def test_a_first_probe_refused_on_the_prompt_waits_for_the_answer_without_a_miss
 
 def test_a_probe_charges_a_one_row_draft_not_its_own_catch_up(monkeypatch):
     """A probe's catch-up (a long prompt, a long sit-out) is paid once; what a one-token draft costs
-    from then on is one head row: the request's median layer time, else the head's row cost."""
+    from then on is a draft's start: the request's median one (a step's catch-up and the root's
+    logits), else the head's row cost; a tree layer's time does not stand in for it."""
     from respec.config import TreeConfig
     from respec.drafters.eagle2 import Eagle2Drafter
     from respec.drafters.eagle_head import random_head
@@ -228,8 +229,10 @@ def test_a_probe_charges_a_one_row_draft_not_its_own_catch_up(monkeypatch):
     d._hits, d._rows = 8, 16
     plan = d._one_token_plan(cm)
     assert plan.cost_ms == pytest.approx(NO_AMX[2] + 3.0) and plan.expected_tokens == pytest.approx(1 + 8 / 18)
-    cm.draft_ms(DEPTH_SOURCE, 6.0)
-    assert d._one_token_plan(cm).cost_ms == pytest.approx(NO_AMX[2] + 6.0), "a timed layer replaces the row cost"
+    cm.draft_ms(DEPTH_SOURCE, 9.0)
+    assert d._one_token_plan(cm).cost_ms == pytest.approx(NO_AMX[2] + 3.0), "a tree layer is not what one token costs"
+    cm.draft_ms(ROOT_SOURCE, 6.0)
+    assert d._one_token_plan(cm).cost_ms == pytest.approx(NO_AMX[2] + 6.0), "a timed draft start replaces the row cost"
     d._hits = 0
     assert d._one_token_plan(cm).cost_ms == pytest.approx(NO_AMX[2]), "no hits: refused without timing anything"
 
@@ -481,11 +484,11 @@ def test_a_draft_far_below_a_plain_step_counts_twice_and_a_long_catch_up_is_not_
     d = Eagle2Drafter(target, random_head(target), TreeConfig(total_tokens=8, depth=2, top_k=2, auto=True))
     plan = d._plan(far, cm, draft_ms=80.0).auto.plan                 # 1.5 tokens per 130 ms: 0.58x
     assert plan.rate_vs_plain < FAR_SHORT and d._skip == 4, "one far-short draft: two misses, off for 4 steps"
-    # the drafter's clock is injected: it moves only when the catch-up "takes" 300 ms, and a tree
-    # layer costs the cost model's median (seeded at 2 ms, so the two layers timed live cannot move it)
+    # the drafter's clock is injected: it moves only when the catch-up "takes" 300 ms, and a draft's
+    # start costs the cost model's median (seeded at 2 ms; a start after a long feed is not timed)
     cm = CostModel(lambda n: dict(AMX), max_size=8)                  # a fresh one: no 80 ms draft in its median
     for _ in range(OFFSET_WINDOW):
-        cm.draft_ms(DEPTH_SOURCE, 2.0)
+        cm.draft_ms(ROOT_SOURCE, 2.0)
     prompt = list(range(3, 40))
     d2 = Eagle2Drafter(target, random_head(target), TreeConfig(total_tokens=4, depth=2, top_k=2, auto=True))
     now = [100.0]                                                    # seconds
@@ -500,9 +503,35 @@ def test_a_draft_far_below_a_plain_step_counts_twice_and_a_long_catch_up_is_not_
     d2.catch_up = slow_catch_up
     draft = d2.draft_tree(prompt, 7, cost=cm)
     assert now[0] == pytest.approx(100.3), "the catch-up ran once"
-    assert d2._drafted_ms == pytest.approx(2.0), "the 300 ms catch-up is not the draft's: one layer's 2 ms instead"
+    assert d2._drafted_ms == pytest.approx(2.0), "the 300 ms catch-up is not the draft's: a start's 2 ms instead"
+    assert cm.draft_ms(ROOT_SOURCE) == pytest.approx(2.0)
     if draft.auto.plan.size > 1:                                     # a tree was kept: its charge shows
         assert draft.auto.plan.cost_ms - interpolate_cost(cm.curve(), draft.auto.plan.size) == pytest.approx(2.0)
+
+
+def test_the_depth_cut_times_a_drafts_start_and_each_layer_on_the_wall_from_question_to_question():
+    """A layer's cost is everything between two of the depth cut's questions (the head's call,
+    the search's top-k and read-back, the rule itself: session 33 timed the head's call alone,
+    3.4 of ~5 ms on a compiled CPU); the first question times a draft's start (a step's catch-up
+    and the root's logits, what a one-token draft costs), except after a long feed."""
+    from respec.config import TreeConfig
+    from respec.drafters.eagle2 import Eagle2Drafter
+    from respec.drafters.eagle_head import random_head
+    target = make_target("llama", seed=0)
+    cfg = TreeConfig(top_k=2, depth=3, total_tokens=8, auto=True)
+    d = Eagle2Drafter(target, random_head(target), cfg)
+    ticks = iter([100.004, 100.009, 100.015])
+    d.clock = lambda: next(ticks)
+    cm = CostModel(lambda n: dict(AMX), max_size=8)
+    rule = d._expand_rule(cm, cfg, 100.0)
+    for _ in range(3):
+        rule([math.log(0.9)], [math.log(0.9)])
+    assert cm.draft_ms(ROOT_SOURCE) == pytest.approx(4.0)
+    assert cm.draft_ms(DEPTH_SOURCE) == pytest.approx(5.5), "layers of 5 and 6 ms: their median"
+    ticks = iter([200.002])
+    fresh = CostModel(lambda n: dict(AMX), max_size=8)
+    d._expand_rule(fresh, cfg, 200.0, spent_before=1.5)([math.log(0.9)], [math.log(0.9)])
+    assert fresh.draft_ms(ROOT_SOURCE) == 0.0, "after a long feed the start is not a step's"
 
 
 @pytest.mark.parametrize("queued", [3, 40])
@@ -525,8 +554,8 @@ def test_the_depth_cut_counts_a_long_feed_as_the_plan_does_not_as_time_spent_on_
     monkeypatch.setattr(d.head, "row_ms", lambda target, reps=3: 1.25)
     seen = []
     rule = d._expand_rule
-    monkeypatch.setattr(d, "_expand_rule", lambda cost, cfg, t0, timer=None, spent_before=0.0:
-                        seen.append((t0, spent_before)) or rule(cost, cfg, t0, timer, spent_before))
+    monkeypatch.setattr(d, "_expand_rule", lambda cost, cfg, t0, spent_before=0.0:
+                        seen.append((t0, spent_before)) or rule(cost, cfg, t0, spent_before))
     draft = d.draft_tree(prompt, 5, cost=CostModel(lambda n: dict(NO_AMX), max_size=8))
     long_queue = queued > 3 + 1
     assert seen == ([(100.5, 1.25)] if long_queue else [(100.0, 0.0)])

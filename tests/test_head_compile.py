@@ -15,6 +15,7 @@ from respec.config import EngineConfig, TreeConfig
 from respec.drafters.eagle2 import Eagle2Drafter
 from respec.drafters.eagle3_head import random_eagle3_head
 from respec.drafters.eagle_head import random_head
+from respec.drafters.head_compile import ROUTES
 from respec.models.attention import additive_mask
 from respec.models.compiled import compile_count
 from respec.models.kv import INITIAL_CAPACITY, slab_cache
@@ -166,7 +167,7 @@ def test_every_output_layer_route_gives_the_compiled_logits_and_draft_logits_fol
             for q in (1, 3, 8):
                 out = torch.randn(q, head.config.hidden_size, generator=g)                   # [q, H]
                 want = eager_head.draft_logits(target, out)                                  # [q, V]
-                for route in ("compiled", "eager", "transposed"):
+                for route in ROUTES:
                     torch.testing.assert_close(compiled.run_route(route, out), want, rtol=1e-4, atol=1e-4)
                     compiled.routes = {q: route}
                     torch.testing.assert_close(head.draft_logits(target, out), want, rtol=1e-4, atol=1e-4)
@@ -175,6 +176,7 @@ def test_every_output_layer_route_gives_the_compiled_logits_and_draft_logits_fol
         monkeypatch.setenv("RESPEC_LINEAR_LAYOUT", "off")
         routes = compiled.measure_routes(rows=(1, 2, 4), rounds=1)
         assert set(routes) == {1, 2, 3, 4} and set(routes.values()) <= {"compiled", "eager"}
+        assert compiled.weight_t is None, "the [H, V] copy is dropped where no row count reads it"
         assert "draft output layer" in compiled.describe_routes() == head.output_layer_routes()
         assert eager_head.output_layer_routes() == "eager"
         monkeypatch.setenv("RESPEC_LINEAR_LAYOUT", "sideways")
@@ -184,7 +186,7 @@ def test_every_output_layer_route_gives_the_compiled_logits_and_draft_logits_fol
         compiled.routes = saved
 
 
-@pytest.mark.parametrize("route", ["eager", "transposed"])
+@pytest.mark.parametrize("route", ["eager", "transposed", "pretransposed"])
 def test_greedy_eagle2_equals_vanilla_with_the_output_layer_routed_eagerly(compiled_pair, route):
     target, _, head, _ = compiled_pair
     compiled = head._compiled

@@ -42,9 +42,8 @@ from respec.drafters.eagle_head import (EagleHead, LMHead, load_eagle_head, rand
                                         resolve_head_dir, save_eagle_head)
 from respec.models.attention import additive_mask
 from respec.models.base import TargetModel
-from respec.models.compat import cuda_devices
 from respec.models.kv import slab_cache
-from respec.transfer import Stopwatch, read, upload
+from respec.transfer import read, upload
 from respec.tree import DraftTree
 
 if TYPE_CHECKING:
@@ -71,27 +70,6 @@ def eagle_node_probs(tree: DraftTree, kappa: float) -> list[float]:
     return [1.0] + calibrated(tree.scores[1:], kappa)
 
 
-class _LayerTimer:
-    """A StepFn that times each layer with a Stopwatch (CUDA events on `devices`, no barrier) and
-    reports it to the cost model (source DEPTH_SOURCE) once done: `flush()` after a read-back."""
-
-    def __init__(self, step_fn: StepFn, cost: CostModel, devices: tuple[torch.device, ...]) -> None:
-        self.step_fn, self.cost, self.devices = step_fn, cost, devices
-        self.pending: list[Stopwatch] = []
-
-    def __call__(self, *args):
-        watch = Stopwatch(self.devices).start()
-        out = self.step_fn(*args)
-        watch.stop()
-        self.pending.append(watch)
-        return out
-
-    def flush(self) -> None:
-        while self.pending and (ms := self.pending[0].ms()) is not None:
-            self.cost.draft_ms(DEPTH_SOURCE, ms)
-            self.pending.pop(0)
-
-
 # ---------------------------------------------------------------------------- the drafter
 PROBE_ROWS = 16    # catch-up rows whose head predictions are checked against the committed text
 MAX_SKIP = 64      # longest stretch of steps the head sits out before the next probe
@@ -99,7 +77,8 @@ SCRATCH_WINDOW = 64  # a probe over a queue of over SCRATCH_QUEUE rows checks th
 SCRATCH_QUEUE = 1024  # positions first (shorter feeds, keys-only, cost about what that check does: session 32)
 EARN_DECAY = 0.97   # per drafting step: the head's earnings are judged over its last ~30 drafts
 FAR_SHORT = 0.75   # a draft below this rate vs plain steps backs the head off twice as fast
-DEPTH_SOURCE = "eagle layer"   # the cost model's record of one tree layer's drafting time
+DEPTH_SOURCE = "eagle layer"   # the cost model's record of one tree layer's drafting time (wall, ask to ask)
+ROOT_SOURCE = "eagle root"     # ... and of a draft's start: a step's catch-up and the root's logits
 # a feed's unread rows go keys-only from this many (default model, float32, 2-core AMD EPYC, eager head:
 # 24 rows 3.9 ms full, 4.1 split; 80: 7.3 -> 4.8; 1,500: 130 -> 22; a compiled head's full feed over an
 # empty cache costs more: a 44-row first probe 13.6 ms against 6.0 for a 78-row one fed keys-only first)
@@ -127,7 +106,7 @@ class Eagle2Drafter:
     below FAR_SHORT of a plain step's rate counts as two misses), queueing features at no cost;
     then a cheap probe (the catch-up alone, its predictions checked against the committed tokens:
     an upper bound over a few hundred output rows first, respec/drafters/probe.py) decides whether
-    even a one-token draft (charged one head row, never the probe's catch-up) would pay. Every
+    even a one-token draft (charged a draft's start, never the probe's catch-up) would pay. Every
     request starts with a probe (a random head never drafts; a new kind of prompt is judged at
     once); a head the runner's last request left off (`backoff`, respec/memory.py) goes on from its
     misses; refused on the prompt's rows (a head trained on answers matches 0.16 of them, 0.36 of
@@ -152,8 +131,6 @@ class Eagle2Drafter:
         self.tree_cfg = tree
         self.cache = slab_cache(head.config)
         self._pending: list[torch.Tensor] = []   # each [m_i, H]: features of committed positions
-        # timed layers: the head's GPUs and the target's (its lm_head drafts); empty on the CPU
-        self._cuda = tuple(dict.fromkeys(cuda_devices(head) + cuda_devices(target.model)))
         if getattr(target, "compiled", False):     # a compiled target drafts with a compiled head
             head.enable_compile(target)
         self._reset_auto()
@@ -322,17 +299,14 @@ class Eagle2Drafter:
         # drafted: the plan, and the depth cut's time spent, count the tree's growth and one head row in its place
         t_tree, row_ms = t0, 0.0
         if cost is not None and self.kv_len - fed_from > cfg.depth + 1:
-            t_tree, row_ms = self.clock(), self._layer_ms(cost)
+            t_tree, row_ms = self.clock(), self._root_ms(cost)
         stable = self.kv_len
         step_fn, expand = self._step_fn(stable), None
-        self._cut, timer = None, None
+        self._cut = None
         if cost is not None and cfg.depth_cut:
-            timer = _LayerTimer(step_fn, cost, self._cuda)
-            step_fn, expand = timer, self._expand_rule(cost, cfg, t_tree, timer, row_ms)
+            expand = self._expand_rule(cost, cfg, t_tree, row_ms)
         try:
             tree = expand_tree(step_fn, root, f, logp, cfg, vocab=self.head.draft_vocab, expand=expand)
-            if timer is not None:
-                timer.flush()
         finally:
             added = self.kv_len - stable
             if added > 0:
@@ -341,13 +315,17 @@ class Eagle2Drafter:
             return EagleDraft(tree)
         return self._plan(tree, cost, (self.clock() - t_tree) * 1000 + row_ms)
 
-    def _expand_rule(self, cost: CostModel, cfg: TreeConfig, t0: float,
-                     timer: "_LayerTimer | None" = None, spent_before: float = 0.0) -> ExpandRule:
+    def _expand_rule(self, cost: CostModel, cfg: TreeConfig, t0: float, spent_before: float = 0.0) -> ExpandRule:
         """The cost model's depth cut: grow another layer only if it could raise the step's
         expected tokens per millisecond. The next layer's nodes are children of the frontier, so
         their calibrated probabilities add up to at most κ·Σ exp(frontier score) (every later
-        layer's to no more; k of them to no more than the k likeliest frontier nodes); a layer costs the median recent layer time (the head's row time,
-        `EagleHead.row_ms`, before any layer of the request is timed). The rate to beat is the
+        layer's to no more; k of them to no more than the k likeliest frontier nodes). A layer costs
+        the request's median layer time, timed on the wall from one question to the next, so the
+        search's own top-k, read-back and bookkeeping count (before any layer is timed, the head's
+        row time, `EagleHead.row_ms`; until session 33 the head's call alone was timed: 3.4 ms of
+        a compiled CPU layer's ~5). Each question also times what came before it: the first, after a
+        step's short feed, a draft's start (catch-up and root logits: `ROOT_SOURCE`, what a one-token
+        draft costs), every later one the layer just grown. The rate to beat is the
         best the nodes so far reach (their plan, with the drafting time spent so far: from `t0`, plus
         `spent_before`; after a long queue's feed, the tree's growth and one head row, as its plan
         is charged, since that feed is paid whatever is grown). A layer is
@@ -360,19 +338,21 @@ class Eagle2Drafter:
         stops before its second layer."""
         curve, kappa = cost.curve(), self.kappa
         verify_ms = [interpolate_cost(curve, n) for n in range(max(2, cfg.total_tokens) + 1)]   # [size] -> ms
-        asked = 0                                 # layers asked about so far (one per call)
+        asked, last = 0, t0                       # layers asked about so far (one per call), when last asked
 
         def expand(scores: Sequence[float], frontier: Sequence[float]) -> bool:
-            nonlocal asked
+            nonlocal asked, last
             asked += 1
-            if timer is not None:
-                timer.flush()                     # the layers timed so far (read back: their events are done)
+            now_t = self.clock()                  # after the search read the rounds back: their work is done
+            if asked > 1 or spent_before == 0.0:  # a layer (ask to ask), or a draft's start after a step's short feed
+                cost.draft_ms(DEPTH_SOURCE if asked > 1 else ROOT_SOURCE, (now_t - last) * 1000)
+            last = now_t
             # no layer timed yet in this request: the head's row time stands in (as for a probe)
             layer_ms = self._layer_ms(cost)
             if layer_ms <= 0.0:
                 return True
             probs = sorted(calibrated(scores, kappa), reverse=True)
-            spent = (self.clock() - t0) * 1000 + spent_before
+            spent = (now_t - t0) * 1000 + spent_before
             now = plan_size(probs, curve, spent, max_size=cfg.total_tokens)
             bound = kappa * sum(math.exp(sc) for sc in frontier)
             rate_now = now.expected_tokens / now.cost_ms
@@ -441,14 +421,19 @@ class Eagle2Drafter:
 
     def _one_token_plan(self, cost: CostModel) -> SizePlan:
         """A one-token draft at the probe's top-1 rate (without drafting cost when even a free
-        draft would not pay), charged one head row: the request's median tree-layer time, else
-        `EagleHead.row_ms`. Not the probe's own catch-up: feeding a long queue (the prompt, a long
+        draft would not pay), charged what a draft's start costs (`_root_ms`: a step's catch-up and
+        the root's logits; the median tree layer, dearer, until session 33). Not the probe's own catch-up: feeding a long queue (the prompt, a long
         sit-out) is paid once, whatever the decision; later drafts feed a step's few positions."""
         acc, curve = self._hits / (self._rows + 2.0), cost.curve()
         free = SizePlan.at([acc], 2, curve)
         if free.rate_vs_plain < 1.0 + MIN_GAIN:
             return free              # would not pay even if drafting were free: nothing to time
-        return SizePlan.at([acc], 2, curve, self._layer_ms(cost))
+        return SizePlan.at([acc], 2, curve, self._root_ms(cost))
+
+    def _root_ms(self, cost: CostModel) -> float:
+        """A one-token draft's ms: the request's median draft start (a step's catch-up and the
+        root's logits, up to the depth cut's first question), else `EagleHead.row_ms`."""
+        return cost.draft_ms(ROOT_SOURCE) or self.head.row_ms(self.target)
 
     def _layer_ms(self, cost: CostModel) -> float:
         """One tree layer's drafting ms: the request's median layer time, else `EagleHead.row_ms`."""

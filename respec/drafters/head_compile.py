@@ -28,7 +28,12 @@ Contract:
   2-core AMD EPYC Zen 3 (float32, 8,192 x 576 rows) the compiled layer took 1.33 ms at one row
   and 2.6 ms at 2-4 rows against 0.69 ms eager and 0.67-0.79 ms as W @ x^T (a throwaway
   benchmark, session 28): a tree layer of four rows cost ~6 ms of drafting where its 4 rows'
-  logits alone cost 4 ms, next to a ~19 ms compiled target step.
+  logits alone cost 4 ms, next to a ~19 ms compiled target step. A fourth way, offered for
+  float32 weights up to PRETRANSPOSED_MAX_BYTES, multiplies by a contiguous copy of W^T ([H, V],
+  kept only if some row count takes it): the same CPU, one row, caches flushed first as a
+  target step flushes them, 0.97 ms against 1.7-2.5 ms for the other three (a GEMV over W's rows
+  does not stream; session 33, throwaway script). bf16 would halve the bytes (0.74 ms), but
+  rounds the drafts' logits; float32 keeps every way equal to rounding.
 - Why: on the CPU an eager head call is mostly dispatch. On the default model one head layer plus
   its 8,192-row draft output layer moves ~18 MB (~0.5 ms at the machine's bandwidth) but took
   ~1.2 ms eager; next to a compiled target step (~15 ms), eager drafting weighed 1.5x what it does
@@ -51,7 +56,8 @@ from respec.models.linear_layout import MARGIN as ROUTE_MARGIN
 from respec.models.linear_layout import check_layout_choice, transposed_linear
 
 ROUTE_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16)   # row counts the draft output layer's ways are timed at
-ROUTES = ("compiled", "eager", "transposed")
+ROUTES = ("compiled", "eager", "transposed", "pretransposed")
+PRETRANSPOSED_MAX_BYTES = 256 * 2 ** 20   # a layer's float32 weight copied [H, V] for one-row calls only up to this
 
 
 def choose_routes(times: dict[int, dict[str, float]], margin: float = ROUTE_MARGIN) -> dict[int, str]:
@@ -88,7 +94,8 @@ class CompiledHead:
     logits_fn: Trusted
     layer: object = None              # the draft output layer (an LMHead or the target's lm_head), eager
     warmed: bool = False
-    routes: dict = dataclasses.field(default_factory=dict)   # rows -> "compiled" | "eager" | "transposed"
+    routes: dict = dataclasses.field(default_factory=dict)   # rows -> one of ROUTES
+    weight_t: torch.Tensor | None = None   # [H, V or Vd]: the layer's weight, transposed and contiguous
 
     @classmethod
     def of(cls, head, target) -> "CompiledHead":
@@ -130,6 +137,11 @@ class CompiledHead:
         layer = self.layer
         if route == "eager" or not hasattr(layer, "weight") or getattr(layer, "softcap", None):
             return layer(out)
+        if route == "pretransposed":
+            if self.weight_t is None:
+                self.weight_t = layer.weight.t().contiguous()                              # [H, V]
+            y = torch.mm(out.to(layer.weight.dtype), self.weight_t)                       # [q, V]
+            return y if layer.bias is None else y + layer.bias
         return transposed_linear(out.to(layer.weight.dtype), layer.weight, layer.bias)
 
     def measure_routes(self, rows: tuple[int, ...] = ROUTE_ROWS, rounds: int = 3) -> dict[int, str]:
@@ -144,6 +156,10 @@ class CompiledHead:
         ways = ["compiled", "eager"]
         if check_layout_choice(os.environ.get("RESPEC_LINEAR_LAYOUT", "auto")) != "off":
             ways.append("transposed")
+            weight = getattr(self.layer, "weight", None)
+            if (weight is not None and weight.dtype == torch.float32 and not getattr(self.layer, "softcap", None)
+                    and weight.numel() * weight.element_size() <= PRETRANSPOSED_MAX_BYTES):
+                ways.append("pretransposed")
         width = self.head.config.hidden_size
         times: dict[int, dict[str, float]] = {}
         with torch.inference_mode():
@@ -159,6 +175,8 @@ class CompiledHead:
                         best[way] = min(best[way], (time.perf_counter() - t0) * 1000)
                 times[q] = best
         self.routes = choose_routes(times)
+        if "pretransposed" not in self.routes.values():
+            self.weight_t = None            # the copy is kept only where a row count reads it
         return self.routes
 
     def describe_routes(self) -> str:
