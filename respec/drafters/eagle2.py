@@ -110,7 +110,8 @@ class Eagle2Drafter:
     request starts with a probe (a random head never drafts; a new kind of prompt is judged at
     once); a head the runner's last request left off (`backoff`, respec/memory.py) goes on from its
     misses; refused on the prompt's rows (a head trained on answers matches 0.16 of them, 0.36 of
-    answers: session 32) with some matches, it waits PROBE_ROWS steps, no miss, to judge the answer's. A draft is not charged the feeding of a queue longer than one step commits (paid once
+    answers: session 32) with some matches, it waits PROBE_ROWS steps, no miss, to judge the
+    answer's. A draft is not charged the feeding of a queue longer than one step commits (paid once
     whatever is drafted; session 25: 22.9 ms of a 12 ms step); over a queue of more than
     SCRATCH_QUEUE rows the probe first runs the head on the last SCRATCH_WINDOW positions in a
     throwaway cache: a head matching none stays off with the queue unfed, any other is fed the
@@ -422,8 +423,9 @@ class Eagle2Drafter:
     def _one_token_plan(self, cost: CostModel) -> SizePlan:
         """A one-token draft at the probe's top-1 rate (without drafting cost when even a free
         draft would not pay), charged what a draft's start costs (`_root_ms`: a step's catch-up and
-        the root's logits; the median tree layer, dearer, until session 33). Not the probe's own catch-up: feeding a long queue (the prompt, a long
-        sit-out) is paid once, whatever the decision; later drafts feed a step's few positions."""
+        the root's logits; the median tree layer, dearer, until session 33). Not the probe's own
+        catch-up: feeding a long queue (the prompt, a long sit-out) is paid once, whatever the
+        decision; later drafts feed a step's few positions."""
         acc, curve = self._hits / (self._rows + 2.0), cost.curve()
         free = SizePlan.at([acc], 2, curve)
         if free.rate_vs_plain < 1.0 + MIN_GAIN:

@@ -57,7 +57,7 @@ from respec.models.linear_layout import check_layout_choice, transposed_linear
 
 ROUTE_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16)   # row counts the draft output layer's ways are timed at
 ROUTES = ("compiled", "eager", "transposed", "pretransposed")
-PRETRANSPOSED_MAX_BYTES = 256 * 2 ** 20   # a layer's float32 weight copied [H, V] for one-row calls only up to this
+PRETRANSPOSED_MAX_BYTES = 256 * 2 ** 20   # the pretransposed way (a [H, V] copy) offered for weights up to this
 
 
 def choose_routes(times: dict[int, dict[str, float]], margin: float = ROUTE_MARGIN) -> dict[int, str]:
