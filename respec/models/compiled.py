@@ -141,8 +141,13 @@ def one_row_options(device: torch.device) -> dict | None:
     plain settings, no two-row graphs) for A/B measurements."""
     if torch.device(device).type != "cpu" or os.environ.get("RESPEC_ONE_ROW_AUTOTUNE", "1") == "0":
         return None
-    # the timings stay out of the console (a table per linear otherwise)
-    return {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN", "autotune_num_choices_displayed": 0}
+    # the timings stay out of the console (a table per linear otherwise, and from torch 2.13 a JSON
+    # line per linear on stderr, an option older releases do not know)
+    options = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN", "autotune_num_choices_displayed": 0}
+    import torch._inductor.config as inductor_config
+    if hasattr(inductor_config, "max_autotune_report_choices_stats"):
+        options["max_autotune_report_choices_stats"] = False
+    return options
 
 
 def one_row_as_two(device: torch.device, dtype: torch.dtype) -> bool:
