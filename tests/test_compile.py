@@ -157,6 +157,18 @@ def test_a_one_token_step_run_as_two_rows_equals_the_one_row_graph(pair):
         assert read_number_table(a.numbers).top1 == read_number_table(b.numbers).top1
 
 
+def test_the_compiled_cost_curve_is_measured_at_3_rows_past_the_static_two_row_graph(pair, monkeypatch):
+    """With the static two-row graph (compiled.one_row_options: the CPU), 3 rows are the symbolic
+    graph's first size, so the curve measures them instead of interpolating between 2 and 4 (which
+    priced them ~3 ms low on a bf16 CPU without AMX, session 34); an eager curve does not."""
+    eager, compiled = pair
+    monkeypatch.setattr(compiled, "_buckets", ())          # no bucket edge: the two-row graph's alone
+    monkeypatch.setattr(compiled, "_cost_curves", {})
+    assert compiled._two_rows and not eager._two_rows
+    assert {1, 2, 3, 4, 8, 10} == set(compiled.verify_cost_curve(max_size=10, context=16, reps=0))
+    assert {1, 2, 4, 8, 10} == set(eager.verify_cost_curve(max_size=10, context=16, reps=0))
+
+
 def test_trees_padded_to_a_static_bucket_equal_the_unpadded_forward(monkeypatch):
     """`RESPEC_PAD_ROWS=4,8` (compiled.tree_buckets, forced on a float32 tiny model): forwards of
     3-4 rows run padded to 4 and of 5-8 rows to 8 through the buckets' static graphs, larger ones

@@ -471,6 +471,35 @@ def test_a_head_that_earns_its_keep_sits_out_no_step_for_a_run_of_unprofitable_d
     assert two_misses(10.0, 1000.0) == 4, "100 ms per token: sit out 2^2 steps, then probe"
 
 
+def test_a_tree_cut_to_nothing_counts_as_a_miss_at_the_rate_its_drafting_cost():
+    """A tree whose plan keeps no node (priced 1.00x: its drafting is sunk) still paid for that
+    drafting: a plain step's token for verify + drafting ms. Two such drafts in a row switch a
+    head without earnings off; one far short of a plain step counts twice; a head that earns its
+    keep drafts on."""
+    from respec.config import TreeConfig
+    from respec.drafters.eagle2 import FAR_SHORT, Eagle2Drafter
+    from respec.drafters.eagle_head import random_head
+    target = make_target("llama", seed=0)
+    cm = CostModel(lambda n: dict(AMX), max_size=8)                  # a plain step: 50 ms
+    hopeless = DraftTree.from_parents([5, 6], [-1, 0], "eagle", scores=[0.0, math.log(0.001)])
+    d = Eagle2Drafter(target, random_head(target), TreeConfig(total_tokens=8, depth=2, top_k=2, auto=True))
+    plans = [d._plan(hopeless, cm, draft_ms=10.0).auto.plan for _ in range(2)]
+    assert all(p.size == 1 and p.rate_vs_plain == pytest.approx(1.0) for p in plans), "nothing kept: priced 1.00x"
+    assert d._misses == 2 and d._skip == 4 and d._probing, "50 / 60 ms = 0.83x twice: off for 2^2 steps"
+    far = Eagle2Drafter(target, random_head(target), TreeConfig(total_tokens=8, depth=2, top_k=2, auto=True))
+    far._plan(hopeless, cm, draft_ms=20.0)                             # 50 / 70 ms = 0.71x
+    assert 50.0 / 70.0 < FAR_SHORT and far._misses == 2 and far._skip == 4
+    earning = Eagle2Drafter(target, random_head(target), TreeConfig(total_tokens=8, depth=2, top_k=2, auto=True))
+    earning._earned_tokens, earning._earned_ms = 30.0, 600.0          # 20 ms per token
+    for _ in range(2):
+        earning._plan(hopeless, cm, draft_ms=10.0)
+    assert earning._misses == 2 and earning._skip == 0, "a head that earns its keep sits out no step"
+    free = Eagle2Drafter(target, random_head(target), TreeConfig(total_tokens=8, depth=2, top_k=2, auto=True))
+    free._misses = 1
+    free._plan(hopeless, cm, draft_ms=0.0)
+    assert free._misses == 0, "no drafting paid: nothing lost"
+
+
 def test_a_draft_far_below_a_plain_step_counts_twice_and_a_long_catch_up_is_not_charged_to_it():
     """A draft at under FAR_SHORT of a plain step's rate backs a head without earnings off after
     one draft; feeding a queue longer than one step commits (here the prompt, made slow) is paid

@@ -35,8 +35,8 @@ from transformers import DynamicCache
 from respec.models.base import TargetOutput
 from respec.models.compat import cache_kwarg, check_placement, check_transformers, cuda_devices
 from respec.models.compiled import (branching_tree, bucket_edges, bucket_for, choose_buckets, compile_base,
-                                    compile_logits, first_rows, forced_buckets, one_row_as_two, pad_one_token,
-                                    pad_rows, tree_buckets, warm_up)
+                                    compile_logits, first_rows, forced_buckets, one_row_as_two, one_row_options,
+                                    pad_one_token, pad_rows, tree_buckets, warm_up)
 from respec.models.attention import additive_mask, use_tree_attention
 from respec.models.linear_layout import LinearLayouts, linear_layouts
 from respec.models.kv import reserve, slab_cache
@@ -83,6 +83,7 @@ class HFTarget:
         self._compiled_logits = None                          # compiled output layer + cast (enable_compile)
         self._feature_graphs = False                          # compiled graphs returning layer inputs warmed up
         self._pad_one = False                                 # compiled one-token steps run as two rows
+        self._two_rows = False                                # compiled two-token chains have a static graph
         self._buckets: tuple[int, ...] = ()                   # compiled forwards of 3+ rows padded to these
         self.bucket_choice: dict[int, tuple[int, float, float]] = {}   # what kept or dropped each (choose_buckets)
 
@@ -223,6 +224,7 @@ class HFTarget:
         self._compiled = compile_base(self._base, self._buckets)
         self._compiled_logits = compile_logits(self)
         self._pad_one = one_row_as_two(self.device, self.dtype)
+        self._two_rows = one_row_options(self.device) is not None     # compile_base's static two-row graph
         self._cost_curves.clear()
         seconds = warm_up(self, progress=progress, pause=pause)
         if self._buckets and forced_buckets() is None:      # defaults are checked on this machine
@@ -276,7 +278,7 @@ class HFTarget:
         timed the eager forward and are dropped. Call it between steps (the app holds its step lock)."""
         if twin.model is not self.model or not twin.compiled:
             raise ValueError("adopt_compiled takes a compiled twin of this target (HFTarget.twin, enable_compile)")
-        self._pad_one = twin._pad_one
+        self._pad_one, self._two_rows = twin._pad_one, twin._two_rows
         self._buckets, self.bucket_choice = twin._buckets, twin.bucket_choice
         self._compiled_logits = twin._compiled_logits
         self._compiled = twin._compiled
@@ -340,9 +342,12 @@ class HFTarget:
         bend the curve's shape). The engine's own cache is left untouched."""
         context = max(1, min(context, self.context_length // 2))
         curve = self._cost_curves.setdefault(context, {})
-        # buckets are set only with the compiled forward: an eager curve measures COST_SIZES alone
-        sizes = sorted({n for n in self.COST_SIZES + bucket_edges(self._buckets) if n <= max_size}
-                       | {max(1, max_size)} | {1})
+        # buckets are set only with the compiled forward: an eager curve measures COST_SIZES alone.
+        # Compiled with the static two-row graph (compiled.one_row_options), 3 rows are the symbolic
+        # graph's first size: interpolated between 2 and 4 they looked ~3 ms cheaper than they run
+        # (2-core AMD EPYC Zen 4, bf16, session 34: 2 rows 12.4 ms, 3 rows 17.5, priced 14.9)
+        edges = set(bucket_edges(self._buckets)) | ({3} if self._compiled is not None and self._two_rows else set())
+        sizes = sorted({n for n in set(self.COST_SIZES) | edges if n <= max_size} | {max(1, max_size)} | {1})
         missing = [n for n in sizes if n not in curve]
         if not missing:
             return {n: curve[n] for n in sizes}
