@@ -232,6 +232,7 @@ def test_choose_buckets_keeps_a_bucket_only_where_padding_beats_the_symbolic_gra
     assert [bucket_for((4, 8), n) for n in (1, 2, 3, 4, 5, 8, 9)] == [None, None, 4, 4, 8, 8, None]
     assert bucket_for((), 5) is None
     assert bucket_edges((4, 8)) == (3, 4, 5, 8, 9) and bucket_edges((16,)) == (3, 16, 17) and bucket_edges(()) == ()
+    assert bucket_edges((), two_rows=True) == (3,) and bucket_edges((4, 8), two_rows=True) == (3, 4, 5, 8, 9)
     assert bucket_spans((4, 8)) == ((3, 4), (5, 8)) and bucket_spans((16,)) == ((3, 16),) and bucket_spans(()) == ()
 
 

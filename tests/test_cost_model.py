@@ -482,19 +482,23 @@ def test_a_tree_cut_to_nothing_counts_as_a_miss_at_the_rate_its_drafting_cost():
     target = make_target("llama", seed=0)
     cm = CostModel(lambda n: dict(AMX), max_size=8)                  # a plain step: 50 ms
     hopeless = DraftTree.from_parents([5, 6], [-1, 0], "eagle", scores=[0.0, math.log(0.001)])
-    d = Eagle2Drafter(target, random_head(target), TreeConfig(total_tokens=8, depth=2, top_k=2, auto=True))
+
+    def drafter() -> Eagle2Drafter:
+        return Eagle2Drafter(target, random_head(target), TreeConfig(total_tokens=8, depth=2, top_k=2, auto=True))
+
+    d = drafter()
     plans = [d._plan(hopeless, cm, draft_ms=10.0).auto.plan for _ in range(2)]
     assert all(p.size == 1 and p.rate_vs_plain == pytest.approx(1.0) for p in plans), "nothing kept: priced 1.00x"
     assert d._misses == 2 and d._skip == 4 and d._probing, "50 / 60 ms = 0.83x twice: off for 2^2 steps"
-    far = Eagle2Drafter(target, random_head(target), TreeConfig(total_tokens=8, depth=2, top_k=2, auto=True))
+    far = drafter()
     far._plan(hopeless, cm, draft_ms=20.0)                             # 50 / 70 ms = 0.71x
     assert 50.0 / 70.0 < FAR_SHORT and far._misses == 2 and far._skip == 4
-    earning = Eagle2Drafter(target, random_head(target), TreeConfig(total_tokens=8, depth=2, top_k=2, auto=True))
+    earning = drafter()
     earning._earned_tokens, earning._earned_ms = 30.0, 600.0          # 20 ms per token
     for _ in range(2):
         earning._plan(hopeless, cm, draft_ms=10.0)
     assert earning._misses == 2 and earning._skip == 0, "a head that earns its keep sits out no step"
-    free = Eagle2Drafter(target, random_head(target), TreeConfig(total_tokens=8, depth=2, top_k=2, auto=True))
+    free = drafter()
     free._misses = 1
     free._plan(hopeless, cm, draft_ms=0.0)
     assert free._misses == 0, "no drafting paid: nothing lost"

@@ -262,15 +262,19 @@ def bucket_spans(buckets: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
     return tuple(zip(los, buckets))
 
 
-def bucket_edges(buckets: tuple[int, ...]) -> tuple[int, ...]:
+def bucket_edges(buckets: tuple[int, ...], two_rows: bool = False) -> tuple[int, ...]:
     """The tree sizes at which a compiled forward's cost steps when trees are padded to `buckets`
     (ascending): each bucket's span (`bucket_spans`) at both ends, and one row past the largest
     (the symbolic graph's first size). Every size a bucket serves costs about what the bucket
     does, so a verify-cost curve measured at these sizes, interpolated linearly, prices 3 rows
-    like 4 and 5 like 8 (with (4, 8): 3, 4, 5, 8, 9). Empty: none."""
-    if not buckets:
-        return ()
-    return tuple(sorted({n for span in bucket_spans(buckets) for n in span} | {buckets[-1] + 1}))
+    like 4 and 5 like 8 (with (4, 8): 3, 4, 5, 8, 9). With `two_rows` (compile_base's static
+    two-row graph, `one_row_options`), 3 rows too even without buckets: the symbolic graph's
+    first size, which interpolated between 2 and 4 looked ~3 ms cheaper than it runs (2-core AMD
+    EPYC Zen 4, bf16, session 34: 2 rows 12.4 ms, 3 rows 17.5, priced 14.9). Empty: none."""
+    edges = {3} if two_rows else set()
+    if buckets:
+        edges |= {n for span in bucket_spans(buckets) for n in span} | {buckets[-1] + 1}
+    return tuple(sorted(edges))
 
 
 def choose_buckets(buckets: tuple[int, ...], time_pair: Callable[[int, int], tuple[float, float]],

@@ -342,12 +342,10 @@ class HFTarget:
         bend the curve's shape). The engine's own cache is left untouched."""
         context = max(1, min(context, self.context_length // 2))
         curve = self._cost_curves.setdefault(context, {})
-        # buckets are set only with the compiled forward: an eager curve measures COST_SIZES alone.
-        # Compiled with the static two-row graph (compiled.one_row_options), 3 rows are the symbolic
-        # graph's first size: interpolated between 2 and 4 they looked ~3 ms cheaper than they run
-        # (2-core AMD EPYC Zen 4, bf16, session 34: 2 rows 12.4 ms, 3 rows 17.5, priced 14.9)
-        edges = set(bucket_edges(self._buckets)) | ({3} if self._compiled is not None and self._two_rows else set())
-        sizes = sorted({n for n in set(self.COST_SIZES) | edges if n <= max_size} | {max(1, max_size)} | {1})
+        # buckets and the two-row graph are set only with the compiled forward: an eager curve
+        # measures COST_SIZES alone
+        sizes = sorted({n for n in self.COST_SIZES + bucket_edges(self._buckets, self._two_rows) if n <= max_size}
+                       | {max(1, max_size)} | {1})
         missing = [n for n in sizes if n not in curve]
         if not missing:
             return {n: curve[n] for n in sizes}
