@@ -504,6 +504,32 @@ def test_a_tree_cut_to_nothing_counts_as_a_miss_at_the_rate_its_drafting_cost():
     assert free._misses == 0, "no drafting paid: nothing lost"
 
 
+def test_a_draft_is_judged_at_its_own_drafting_time_not_the_median_its_plan_charges():
+    """A plan charges the request's median drafting time (its record); whether the draft paid is
+    judged at the step's own, which is sunk and known: on a compiled CPU forward depth-3 trees
+    took ~8 ms against a ~5.5 ms median, and heads whose steps ran slower than plain ones drafted
+    on (session 34)."""
+    from respec.config import TreeConfig
+    from respec.drafters.eagle2 import Eagle2Drafter
+    from respec.drafters.eagle_head import random_head
+    target = make_target("llama", seed=0)
+    good = DraftTree.from_parents([5, 6], [-1, 0], "eagle", scores=[0.0, math.log(0.5)])
+
+    def judged(median_ms: float, own_ms: float) -> tuple[SizePlan, int]:
+        cm = CostModel(lambda n: dict(AMX), max_size=8)              # a plain step: 50 ms
+        for _ in range(OFFSET_WINDOW):
+            cm.draft_ms("eagle", median_ms)
+        d = Eagle2Drafter(target, random_head(target), TreeConfig(total_tokens=8, depth=2, top_k=2, auto=True))
+        d._misses = 1
+        return d._plan(good, cm, draft_ms=own_ms).auto.plan, d._misses
+
+    plan, misses = judged(median_ms=5.0, own_ms=40.0)                # 1.5 tokens in 90 ms: 0.83x
+    assert plan.size == 2 and plan.rate_vs_plain == pytest.approx(1.5 * 50 / 55), "planned at the median"
+    assert misses == 2, "ran at 0.83x a plain step: a miss"
+    plan, misses = judged(median_ms=40.0, own_ms=5.0)                # 1.5 tokens in 55 ms: 1.36x
+    assert plan.rate_vs_plain < 1.0 and misses == 0, "ran at 1.36x: the misses reset"
+
+
 def test_a_draft_far_below_a_plain_step_counts_twice_and_a_long_catch_up_is_not_charged_to_it():
     """A draft at under FAR_SHORT of a plain step's rate backs a head without earnings off after
     one draft; feeding a queue longer than one step commits (here the prompt, made slow) is paid

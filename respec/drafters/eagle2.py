@@ -100,7 +100,8 @@ class Eagle2Drafter:
 
     With a cost model (`tree.auto`), each tree is cut to the size that pays (respec/cost.py), node
     probabilities being the head's cumulative confidence times its calibration κ (realised/predicted
-    accepted tokens, decayed). After two unprofitable drafts in a row, a head whose drafting steps
+    accepted tokens, decayed). After two unprofitable drafts in a row (each judged at its own
+    drafting ms, not the median its plan charges), a head whose drafting steps
     have on balance run slower than plain steps (`earns_keep`: committed tokens over drafting +
     verify ms, decayed by EARN_DECAY per draft) sits out 2^misses steps (at most MAX_SKIP; a draft
     below FAR_SHORT of a plain step's rate counts as two misses), queueing features at no cost;
@@ -457,10 +458,12 @@ class Eagle2Drafter:
         plan = cost.plan("eagle", [probs[i] for i in order], draft_ms)
         pruned = tree.subtree(order[:plan.size - 1])
         self._drafted_ms = draft_ms
-        # what the drafting bought: a tree cut to nothing ran a plain step plus its drafting (its
-        # plan, priced without the sunk drafting, says 1.00x; until session 34 that reset the misses,
-        # and a compiled head kept nothing for 13 steps in a row at 2.7 ms each)
-        paid = plan.rate_vs_plain if plan.size > 1 else plan.cost_ms / (plan.cost_ms + draft_ms)
+        # what the drafting bought, at this step's own drafting ms (sunk, so known exactly; the plan
+        # charges the request's median, and on a compiled CPU forward a depth-3 tree took ~8 ms
+        # against a ~5.5 ms median: session 34): the expected tokens over the verify cost + that. A
+        # tree cut to nothing ran a plain step plus its drafting (until session 34 its plan's 1.00x
+        # reset the misses, and a compiled head kept nothing for 13 steps in a row at 2.7 ms each).
+        paid = plan.expected_tokens * cost.plain_ms() / (interpolate_cost(cost.curve(), plan.size) + draft_ms)
         if paid < 1.0:
             # a draft that ran at under FAR_SHORT of a plain step's rate counts as two misses
             self._misses += 2 if paid < FAR_SHORT else 1
