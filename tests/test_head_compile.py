@@ -101,6 +101,44 @@ def test_greedy_eagle2_with_a_compiled_target_and_head_equals_vanilla(compiled_p
         assert run(target, "sam", PROMPT, head=head, max_new_tokens=40, **overrides).tokens == ref.tokens
 
 
+def test_calls_of_a_few_rows_run_the_static_small_row_graphs_and_larger_ones_the_symbolic_one(compiled_pair):
+    """On the CPU (compiled.one_row_options), head calls of up to SMALL_ROWS rows, with or without
+    a tree mask, go to the static small-row graphs; larger ones to the symbolic-row graph; after
+    the warm-up neither compiles."""
+    from respec.drafters.head_compile import SMALL_ROWS
+    target, _, head, _ = compiled_pair
+    ch = head._compiled
+    assert ch.small_fn is not None, "a CPU compiles the small-row graphs"
+    width = head.fc.in_features // (1 if head.feature_layers is not None else 2)
+    calls: list[tuple[str, int]] = []
+    inner = {name: getattr(ch, name).fn for name in ("small_fn", "forward_fn")}
+
+    def counted(name: str):
+        def fn(emb, *args):
+            calls.append((name, int(emb.shape[0])))
+            return inner[name](emb, *args)
+        return fn
+
+    cache = slab_cache(head.config)
+    before = compile_count()
+    try:
+        for name in inner:
+            getattr(ch, name).fn = counted(name)
+        with torch.inference_mode():
+            for q, masked in [(12, False), (1, False), (SMALL_ROWS, False), (SMALL_ROWS + 1, False), (2, True),
+                              (SMALL_ROWS, True), (SMALL_ROWS + 1, True)]:
+                kv = cache.get_seq_length()
+                mask = additive_mask(~torch.eye(q, dtype=torch.bool), kv, torch.float32) if masked else None
+                head(target.embed(torch.arange(q) + 3), torch.zeros(q, width), torch.arange(kv, kv + q), cache, mask)
+    finally:
+        for name, fn in inner.items():
+            getattr(ch, name).fn = fn
+    # the first feed over an empty cache: its first row eagerly, the other 11 through the symbolic graph
+    assert calls == [("forward_fn", 11), ("small_fn", 1), ("small_fn", SMALL_ROWS), ("forward_fn", SMALL_ROWS + 1),
+                     ("small_fn", 2), ("small_fn", SMALL_ROWS), ("forward_fn", SMALL_ROWS + 1)]
+    assert compile_count() == before
+
+
 def test_an_eager_target_leaves_the_head_eager_and_compiling_twice_is_free(compiled_pair):
     target, _, head, seconds = compiled_pair
     assert seconds > 0 and head.enable_compile(target, progress=False) == 0.0

@@ -88,8 +88,10 @@ def compile_base_settings(device: torch.device) -> None:
     import torch._dynamo
 
     # a few graphs per wrapper are expected; a shape the guards do not generalise falls back to
-    # eager after this many instead of recompiling forever
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 16)
+    # eager after this many instead of recompiling forever. Graphs gather per code object, so every
+    # head of a process adds its own to the same wrappers' (an EAGLE-3 head's small-row graphs alone
+    # are 16: head_compile.SMALL_ROWS row counts, masked or not, at two feature widths)
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     if torch.device(device).type == "cpu":
         # set globally: passed as torch.compile(options=...) it did not take effect here (the
         # one-token forward stayed at the unfrozen speed); a process that compiles wants it anyway
