@@ -463,7 +463,8 @@ class Eagle2Drafter:
         # against a ~5.5 ms median: session 34): the expected tokens over the verify cost + that. A
         # tree cut to nothing ran a plain step plus its drafting (until session 34 its plan's 1.00x
         # reset the misses, and a compiled head kept nothing for 13 steps in a row at 2.7 ms each).
-        paid = plan.expected_tokens * cost.plain_ms() / (interpolate_cost(cost.curve(), plan.size) + draft_ms)
+        curve = cost.curve()
+        paid = plan.expected_tokens * interpolate_cost(curve, 1) / (interpolate_cost(curve, plan.size) + draft_ms)
         if paid < 1.0:
             # a draft that ran at under FAR_SHORT of a plain step's rate counts as two misses
             self._misses += 2 if paid < FAR_SHORT else 1
