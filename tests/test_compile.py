@@ -238,7 +238,7 @@ def test_choose_buckets_keeps_a_bucket_only_where_padding_beats_the_symbolic_gra
 
 def test_tree_buckets_defaults_and_the_forcing_variable(monkeypatch):
     from respec.models import compiled
-    from respec.models.compiled import FLOAT32_BUCKETS, forced_buckets, tree_buckets
+    from respec.models.compiled import BF16_BUCKETS, FLOAT32_BUCKETS, forced_buckets, tree_buckets
     cpu = torch.device("cpu")
     monkeypatch.setattr(compiled, "onednn_has_bf16", lambda: True)    # this CPU's oneDNN aside
     monkeypatch.delenv("RESPEC_PAD_ROWS", raising=False)
@@ -246,9 +246,13 @@ def test_tree_buckets_defaults_and_the_forcing_variable(monkeypatch):
     assert forced_buckets() is None
     assert tree_buckets(cpu, torch.float32) == FLOAT32_BUCKETS
     assert tree_buckets(cpu, torch.float16) == ()
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True, raising=False)
+    assert tree_buckets(cpu, torch.bfloat16) == (16,)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    assert tree_buckets(cpu, torch.bfloat16) == BF16_BUCKETS
     assert tree_buckets(torch.device("cuda"), torch.float32) == ()
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE")
-    assert tree_buckets(cpu, torch.bfloat16) == ()                     # stands in for a CPU without AMX
+    assert tree_buckets(cpu, torch.bfloat16) == BF16_BUCKETS == (4,)   # stands in for a CPU without AMX
     monkeypatch.setattr(compiled, "onednn_has_bf16", lambda: False)   # bf16 on an AVX2-only CPU
     assert tree_buckets(cpu, torch.bfloat16) == FLOAT32_BUCKETS
     monkeypatch.setattr(compiled, "onednn_has_bf16", lambda: True)

@@ -16,6 +16,14 @@ AMX = {1: 50.0, 2: 50.0, 4: 51.0, 8: 55.0, 16: 70.0, 32: 100.0}       # flat: 16
 NO_AMX = {1: 50.0, 2: 56.0, 4: 62.0, 8: 75.0, 16: 100.0, 32: 150.0}   # steep: 16 tokens = 2 steps
 
 
+def small_auto_drafter(target):
+    """An auto-budget EAGLE drafter with a random head (at most 8 nodes, depth 2, top-k 2)."""
+    from respec.config import TreeConfig
+    from respec.drafters.eagle2 import Eagle2Drafter
+    from respec.drafters.eagle_head import random_head
+    return Eagle2Drafter(target, random_head(target), TreeConfig(total_tokens=8, depth=2, top_k=2, auto=True))
+
+
 def test_worked_example_keeps_a_confident_chain_and_drops_hopeless_nodes():
     plan = plan_size([.9, .8, .7, 1e-4, 1e-4], AMX)
     assert plan.size == 4 and plan.of == 6
@@ -173,11 +181,8 @@ def test_a_head_switched_off_in_one_request_backs_off_further_in_the_runners_nex
 
 
 def test_a_head_that_predicts_well_passes_its_probe_and_drafts():
-    from respec.drafters.eagle2 import Eagle2Drafter
-    from respec.drafters.eagle_head import random_head
-    from respec.config import TreeConfig
     target = make_target("llama", seed=0)
-    d = Eagle2Drafter(target, random_head(target), TreeConfig(total_tokens=8, depth=2, top_k=2, auto=True))
+    d = small_auto_drafter(target)
     cm = CostModel(lambda n: dict(AMX), max_size=8)
     d._hits, d._rows = 15, 16
     assert d._probe_refusal(cm) is None, "15 of 16 right: a one-token draft pays"
@@ -195,11 +200,9 @@ def test_a_first_probe_refused_on_the_prompt_waits_for_the_answer_without_a_miss
     worse (session 32: 0.16 against 0.36 of rows): refused with some matches, the head sits out
     PROBE_ROWS steps with its carried misses untouched, so the next probe judges the answer's own
     rows; then it backs off as before. A head matching nothing backs off at once."""
-    from respec.config import TreeConfig
-    from respec.drafters.eagle2 import PROBE_ROWS, Eagle2Drafter
-    from respec.drafters.eagle_head import random_head
+    from respec.drafters.eagle2 import PROBE_ROWS
     target = make_target("llama", seed=0)
-    d = Eagle2Drafter(target, random_head(target), TreeConfig(total_tokens=8, depth=2, top_k=2, auto=True))
+    d = small_auto_drafter(target)
     cm = CostModel(lambda n: dict(NO_AMX), max_size=8)
     cm.draft_ms(ROOT_SOURCE, 5.0)
     d._misses = 3                                  # carried from the runner's last request
@@ -253,15 +256,13 @@ def test_cost_model_drives_every_method_and_the_trace_records_prediction_and_out
 
 
 def test_a_probe_over_a_long_queue_checks_the_tail_only_and_feeds_the_queue_only_if_it_passes(monkeypatch):
-    from respec.config import TreeConfig
     import respec.drafters.eagle2 as eagle2
-    from respec.drafters.eagle2 import SCRATCH_WINDOW, Eagle2Drafter
-    from respec.drafters.eagle_head import random_head
+    from respec.drafters.eagle2 import SCRATCH_WINDOW
     target = make_target("llama", seed=0)
     monkeypatch.setattr(eagle2, "SCRATCH_QUEUE", SCRATCH_WINDOW)   # a long queue within the tiny model's context
     prompt = [(7 * i) % 90 + 3 for i in range(SCRATCH_WINDOW + 40)]
     hidden = target.prefill(prompt).hidden
-    d = Eagle2Drafter(target, random_head(target), TreeConfig(total_tokens=8, depth=2, top_k=2, auto=True))
+    d = small_auto_drafter(target)
     cm = CostModel(lambda n: dict(NO_AMX), max_size=8)
     d.reset(prompt, hidden)
     tree = d.draft_tree(prompt, 5, cost=cm).tree
@@ -278,12 +279,10 @@ def test_a_probe_over_a_long_queue_checks_the_tail_only_and_feeds_the_queue_only
 def test_a_probe_refuses_a_useless_head_from_a_small_vocabulary_bound_without_the_output_layer(monkeypatch):
     """The probe's first count is an upper bound from a few hundred output rows; a head refused by it
     never runs the whole (draft) output layer, and a bound that could pay is checked exactly."""
-    from respec.config import TreeConfig
-    from respec.drafters.eagle2 import PROBE_ROWS, Eagle2Drafter
-    from respec.drafters.eagle_head import random_head
+    from respec.drafters.eagle2 import PROBE_ROWS
     target = make_target("llama", seed=0)
     prompt = [(5 * i) % 90 + 3 for i in range(40)]
-    d = Eagle2Drafter(target, random_head(target), TreeConfig(total_tokens=8, depth=2, top_k=2, auto=True))
+    d = small_auto_drafter(target)
     rows_through_full_layer = []
     full = d.head.draft_logits
     monkeypatch.setattr(d.head, "draft_logits", lambda t, out: rows_through_full_layer.append(out.shape[0]) or full(t, out))
@@ -459,7 +458,7 @@ def test_a_head_that_earns_its_keep_sits_out_no_step_for_a_run_of_unprofitable_d
     unprofitable = DraftTree.from_parents([5, 6], [-1, 0], "eagle", scores=[0.0, math.log(0.5)])
 
     def two_misses(tokens: float, ms: float) -> int:
-        d = Eagle2Drafter(target, random_head(target), TreeConfig(total_tokens=8, depth=2, top_k=2, auto=True))
+        d = small_auto_drafter(target)
         d._earned_tokens, d._earned_ms = tokens, ms
         for _ in range(2):
             plan = d._plan(unprofitable, cm, draft_ms=40.0).auto.plan
@@ -476,15 +475,13 @@ def test_a_tree_cut_to_nothing_counts_as_a_miss_at_the_rate_its_drafting_cost():
     drafting: a plain step's token for verify + drafting ms. Two such drafts in a row switch a
     head without earnings off; one far short of a plain step counts twice; a head that earns its
     keep drafts on."""
-    from respec.config import TreeConfig
     from respec.drafters.eagle2 import FAR_SHORT, Eagle2Drafter
-    from respec.drafters.eagle_head import random_head
     target = make_target("llama", seed=0)
     cm = CostModel(lambda n: dict(AMX), max_size=8)                  # a plain step: 50 ms
     hopeless = DraftTree.from_parents([5, 6], [-1, 0], "eagle", scores=[0.0, math.log(0.001)])
 
     def drafter() -> Eagle2Drafter:
-        return Eagle2Drafter(target, random_head(target), TreeConfig(total_tokens=8, depth=2, top_k=2, auto=True))
+        return small_auto_drafter(target)
 
     d = drafter()
     plans = [d._plan(hopeless, cm, draft_ms=10.0).auto.plan for _ in range(2)]
@@ -509,9 +506,6 @@ def test_a_draft_is_judged_at_its_own_drafting_time_not_the_median_its_plan_char
     judged at the step's own, which is sunk and known: on a compiled CPU forward depth-3 trees
     took ~8 ms against a ~5.5 ms median, and heads whose steps ran slower than plain ones drafted
     on (session 34)."""
-    from respec.config import TreeConfig
-    from respec.drafters.eagle2 import Eagle2Drafter
-    from respec.drafters.eagle_head import random_head
     target = make_target("llama", seed=0)
     good = DraftTree.from_parents([5, 6], [-1, 0], "eagle", scores=[0.0, math.log(0.5)])
 
@@ -519,7 +513,7 @@ def test_a_draft_is_judged_at_its_own_drafting_time_not_the_median_its_plan_char
         cm = CostModel(lambda n: dict(AMX), max_size=8)              # a plain step: 50 ms
         for _ in range(OFFSET_WINDOW):
             cm.draft_ms("eagle", median_ms)
-        d = Eagle2Drafter(target, random_head(target), TreeConfig(total_tokens=8, depth=2, top_k=2, auto=True))
+        d = small_auto_drafter(target)
         d._misses = 1
         return d._plan(good, cm, draft_ms=own_ms).auto.plan, d._misses
 
@@ -540,7 +534,7 @@ def test_a_draft_far_below_a_plain_step_counts_twice_and_a_long_catch_up_is_not_
     target = make_target("llama", seed=0)
     cm = CostModel(lambda n: dict(AMX), max_size=8)                  # a plain step: 50 ms
     far = DraftTree.from_parents([5, 6], [-1, 0], "eagle", scores=[0.0, math.log(0.5)])
-    d = Eagle2Drafter(target, random_head(target), TreeConfig(total_tokens=8, depth=2, top_k=2, auto=True))
+    d = small_auto_drafter(target)
     plan = d._plan(far, cm, draft_ms=80.0).auto.plan                 # 1.5 tokens per 130 ms: 0.58x
     assert plan.rate_vs_plain < FAR_SHORT and d._skip == 4, "one far-short draft: two misses, off for 4 steps"
     # the drafter's clock is injected: it moves only when the catch-up "takes" 300 ms, and a draft's

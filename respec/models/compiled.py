@@ -6,8 +6,9 @@ Contract:
   weights), as wrappers: one-token steps, two-token chains (on the CPU, with the autotuned
   small-row options of `one_row_options`; its rows marked static) and multi-token forwards
   (trees); trees and chains of 3 rows and more are padded to the smallest of a few static row
-  counts that holds them (`tree_buckets`: 16 on a CPU with AMX in bf16, 4 and 8 in float32 on the
-  CPU and in bf16 where oneDNN has no bf16 path, each kept only if the machine runs it faster,
+  counts that holds them (`tree_buckets`: 16 on a CPU with AMX in bf16, 4 in bf16 on other CPUs
+  with a bf16 oneDNN path, 4 and 8 in float32 on the CPU and in bf16 where oneDNN has no bf16
+  path, each kept only if the machine runs it faster,
   `choose_buckets`), each such graph with the same options (`pad_rows`: the extra rows see only
   the prefix and themselves and leave the cache after the call), and the symbolic-row graph
   serves larger ones. All are compiled with dynamic shapes from the start (`dynamic=True`; a
@@ -178,6 +179,7 @@ def pad_one_token(kwargs: dict) -> dict:
 
 
 FLOAT32_BUCKETS = (4, 8)   # the float32 CPU default (tree_buckets); each kept only if measured faster
+BF16_BUCKETS = (4,)        # the bfloat16 default on a CPU without AMX (tree_buckets), kept only if faster
 # a bucket is kept where, at the fewest rows it serves (its worst case), its padded graph takes under
 # 95% of the symbolic one's time (the fastest of 5 interleaved rounds each). At 0.9 the default
 # model's 8-row graph was dropped on a 2-core AMD EPYC Zen 3 (float32, session 29) at 34.4 ms for 5
@@ -194,8 +196,13 @@ def tree_buckets(device: torch.device, dtype: torch.dtype) -> tuple[int, ...]:
       linears cost about what a static 2-row one's do (a throwaway benchmark of the default model's
       210 linears, 30 layers over distinct weights, 2-core Intel Xeon with AMX, session 26: 9.6 ms
       static at 4 or 16 rows against 13.5 ms symbolic at 4 rows and 14.2 at 16; 8.6 static at 2
-      rows), so padding a 4-token tree to 16 rows still saves ~4 ms. bfloat16 without AMX: none
-      (the template gained nothing at 3-8 rows, session 24/25).
+      rows), so padding a 4-token tree to 16 rows still saves ~4 ms.
+    - bfloat16 on any other CPU with a bf16 oneDNN path: BF16_BUCKETS, (4,). Without AMX the
+      template's micro-GEMM wins at 2-4 rows only: the same 210 linears (2-core AMD EPYC Zen 4,
+      AVX512-BF16, session 36) took 6.9 / 7.2 / 7.5 ms static and autotuned at 2 / 3 / 4 rows
+      against 13.0 / 12.5 / 10.7 ms symbolic, but 10.1 / 10.3 / 12.5 / 15.7 at 5 / 6 / 8 / 16
+      rows against 9.8 / 10.0 / 12.0 / 17.0. (Session 24/25 had found no gain at 3-8 rows.)
+      `ONEDNN_MAX_CPU_ISA` below AMX (e.g. AVX512_CORE) stands in for such a CPU.
     - float32 on the CPU: FLOAT32_BUCKETS. On a 2-core AMD EPYC Zen 3 (AVX2) the same 210 float32
       linears took 13.4 / 13.6 / 19.8 ms static and autotuned at 3 / 4 / 8 rows against 20.6 /
       21.9 / 26.3 ms symbolic (oneDNN), and the whole 3-token forward 30.2 ms against 20.2 for
@@ -209,8 +216,7 @@ def tree_buckets(device: torch.device, dtype: torch.dtype) -> tuple[int, ...]:
     forward is not faster than the symbolic graph at the fewest rows it would serve is dropped.
     `RESPEC_PAD_ROWS=0` turns buckets off; `RESPEC_PAD_ROWS=N` or `N,M,...` forces those buckets
     (any device and dtype, not re-measured: A/B runs and tests); `ONEDNN_MAX_CPU_ISA` naming an ISA
-    below AMX (e.g. AVX512_CORE) turns the bfloat16 default off, since it stands in for a CPU
-    without AMX."""
+    below AMX (e.g. AVX512_CORE) gives the bfloat16 default of a CPU without AMX."""
     forced = forced_buckets()
     if forced is not None:
         return forced
@@ -224,9 +230,9 @@ def tree_buckets(device: torch.device, dtype: torch.dtype) -> tuple[int, ...]:
         return FLOAT32_BUCKETS
     isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
     if isa and "AMX" not in isa and isa not in ("ALL", "DEFAULT"):
-        return ()
+        return BF16_BUCKETS
     amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
-    return (16,) if amx is not None and amx() else ()
+    return (16,) if amx is not None and amx() else BF16_BUCKETS
 
 
 def onednn_has_bf16() -> bool:
