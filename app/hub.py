@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from respec import heap
 from respec.errors import ConfigError, ModelLoadError, RespecError
 from respec.runner import ModelChoice, parse_model_choices
 
@@ -176,6 +177,8 @@ class ModelHub:
             raise ConfigError(f"model {spec!r} is not offered here; choose one of {', '.join(self.choices)}")
         with self._load_lock:
             if self._runner is None or self._runner_spec != spec:
+                if self._runner is not None:
+                    heap.release()                       # its frozen objects collectable again (respec/heap.py)
                 self._runner = None                      # free the old model before loading another
                 t0 = time.perf_counter()
                 try:

@@ -15,6 +15,10 @@ target over the same weights (`HFTarget.twin`), while this runner keeps serving 
 installs the graphs between two steps (under `lock`, the app's step lock); `compile_state` says
 where that stands and every result's meta says which forward ran ("forward"). What it buys: the
 app's first answer does not wait minutes of compiling (respec/models/compiled.py).
+
+Once a runner is built and after each compile it installs, the objects alive are frozen out of the
+garbage collector's full passes (respec/heap.py `settle`), which otherwise stall a request at
+random (~0.2 s eager, over 1 s with compiled graphs).
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
+from respec import heap
 from respec.config import EngineConfig
 from respec.drafters import make_drafter
 from respec.engine import Engine
@@ -104,6 +109,7 @@ class Runner:
         self.compile_state = "off"
         if getattr(target, "compiled", False):     # pay the head's compiles at load, not in a first request
             self._compile_head(progress=True)
+        heap.settle()                              # the model's objects out of the collector's passes
 
     def compile_later(self, lock=None, progress: bool = False, background: bool = True,
                       pause: Callable[[], None] | None = None) -> threading.Thread | None:
@@ -130,6 +136,7 @@ class Runner:
     def _compile_in_place(self, progress: bool) -> None:
         self.target.enable_compile(progress=progress)
         self._compile_head(progress)
+        heap.settle()
 
     def _compile_head(self, progress: bool) -> None:
         """The head's compiles for the (compiled) target, and the target's graphs that return layer
@@ -154,6 +161,7 @@ class Runner:
             with guard:                        # between two steps of whatever runs
                 self.target.adopt_compiled(twin)
                 self.head.adopt_compiled(head, self.target)
+                heap.settle()                  # the graphs' objects, before the next step runs
         except Exception as exc:  # noqa: BLE001 - serving goes on eagerly; the cause is logged and kept
             self.compile_state = f"failed: {type(exc).__name__}: {exc}"
             log.warning("compiling %s's forward failed; it stays eager: %s", self.target.name, exc, exc_info=True)

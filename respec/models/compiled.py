@@ -21,10 +21,13 @@ Contract:
 - `compile_logits(target)` compiles the step's output layer the same way: hidden [n, H] -> float32
   logits [n, V] (the lm_head with its frozen, prepacked weight, the softcap, the cast) and, fused
   with them, the step's verification numbers (respec/verify.py `number_table`: top-1, entropy,
-  margin, node ranks and log-probs), one wrapper for one row, one for two (with the small-row
-  options) and one for several. On the default
+  margin, node ranks and log-probs), one wrapper for one row, one for 2 to FEW_LOGIT_ROWS rows
+  (with the small-row options; a static graph per row count) and one for several. On the default
   model the layer is 0.6 ms against 1.9 ms eager for one row (the 49k-row layer is a fifth of the
-  model's weight bytes), and the numbers of 16 rows 0.5 ms against ~2 ms eager.
+  model's weight bytes), and the numbers of 16 rows 0.5 ms against ~2 ms eager. The lm_head alone
+  at 2 / 3 / 4 rows: 1.0 / 1.45 / 1.5 ms static and autotuned against 1.8 / 2.4 / 2.1 ms with
+  symbolic rows, and 3.2 against 3.0 at 8 (bf16, 2-core AMD EPYC Zen 4, session 36, a throwaway
+  benchmark of that shape).
 - float32 on a CPU with MKL (`one_row_as_two`): one-row calls of both run as two rows and drop
   the second (a one-token step as a two-token chain, its extra cache row cropped), because a
   static one-row float32 linear is packed for MKL and a symbolic-row one for oneDNN: one token
@@ -389,11 +392,15 @@ def compile_base(base: torch.nn.Module, buckets: tuple[int, ...] = ()) -> Truste
     return Trusted(forward)
 
 
+FEW_LOGIT_ROWS = 4   # output-layer calls of 2..this many rows run static, autotuned graphs (compile_logits)
+
+
 def compile_logits(target) -> Trusted:
     """hidden [n, H], tokens [n], parents [n] -> (float32 logits [n, V] of `target` (HFTarget.lm_head
     then .float()), their `number_table` [n, 7] or None for a vocabulary of 2**24 ids or more),
-    compiled (see the module docstring): one-row and several-row wrappers. The two bodies are the
-    same on purpose: dynamo keeps its compiled graphs per code object, so two defs keep two caches."""
+    compiled (see the module docstring): one-row, few-row (static per count) and several-row
+    wrappers. The bodies are the same on purpose: dynamo keeps its compiled graphs per code
+    object, so each def keeps its own cache."""
     from respec.verify import number_table
 
     fuse = target.vocab_size < 2 ** 24          # the table's ids are float32; else the eager numbers
@@ -406,21 +413,21 @@ def compile_logits(target) -> Trusted:
         logits = target.lm_head(hidden).float()
         return logits, number_table(logits, tokens, parents) if fuse else None
 
-    def two_rows(hidden, tokens, parents):
+    def few_rows(hidden, tokens, parents):
         logits = target.lm_head(hidden).float()
         return logits, number_table(logits, tokens, parents) if fuse else None
 
     options = one_row_options(target.device)
     one = torch.compile(one_row, backend="inductor", dynamic=True, options=options)
-    two = None if options is None else torch.compile(two_rows, backend="inductor", dynamic=True, options=options)
+    few = None if options is None else torch.compile(few_rows, backend="inductor", dynamic=True, options=options)
     many = torch.compile(rows, backend="inductor", dynamic=True)
     as_two = one_row_as_two(target.device, target.dtype)
 
     def logits(hidden: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor):
-        if hidden.shape[0] == 2 and two is not None:
-            for t in (hidden, tokens, parents):                       # [2, H], [2], [2]: a static 2
+        if 2 <= hidden.shape[0] <= FEW_LOGIT_ROWS and few is not None:
+            for t in (hidden, tokens, parents):                       # [n, H], [n], [n]: a static n
                 torch._dynamo.mark_static(t, 0)
-            return two(hidden, tokens, parents)
+            return few(hidden, tokens, parents)
         if hidden.shape[0] > 1:
             return many(hidden, tokens, parents)
         if not as_two:
