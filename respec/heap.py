@@ -4,7 +4,8 @@ Contract:
 - `settle()`: one full collection now, then `gc.freeze()`: every object alive moves into the
   collector's permanent generation, which later collections never traverse. Called where a model
   has just been loaded or compiled, outside any request's timing: at the end of `Runner.__init__`
-  and of the target's and the EAGLE head's compile warm-ups.
+  (after the head's compile when the target came compiled), of `Runner._compile_in_place`, and
+  where a background compile installs its graphs (respec/runner.py).
 - `release()`: `gc.unfreeze()`, before a model is dropped (the app's model switch), so the old
   model's reference cycles are collectable again; the next `settle()` freezes what is alive then.
 Refcounting frees frozen objects as usual; only cyclic garbage among them waits for `release()`.

@@ -475,27 +475,24 @@ def test_a_tree_cut_to_nothing_counts_as_a_miss_at_the_rate_its_drafting_cost():
     drafting: a plain step's token for verify + drafting ms. Two such drafts in a row switch a
     head without earnings off; one far short of a plain step counts twice; a head that earns its
     keep drafts on."""
-    from respec.drafters.eagle2 import FAR_SHORT, Eagle2Drafter
+    from respec.drafters.eagle2 import FAR_SHORT
     target = make_target("llama", seed=0)
     cm = CostModel(lambda n: dict(AMX), max_size=8)                  # a plain step: 50 ms
     hopeless = DraftTree.from_parents([5, 6], [-1, 0], "eagle", scores=[0.0, math.log(0.001)])
 
-    def drafter() -> Eagle2Drafter:
-        return small_auto_drafter(target)
-
-    d = drafter()
+    d = small_auto_drafter(target)
     plans = [d._plan(hopeless, cm, draft_ms=10.0).auto.plan for _ in range(2)]
     assert all(p.size == 1 and p.rate_vs_plain == pytest.approx(1.0) for p in plans), "nothing kept: priced 1.00x"
     assert d._misses == 2 and d._skip == 4 and d._probing, "50 / 60 ms = 0.83x twice: off for 2^2 steps"
-    far = drafter()
+    far = small_auto_drafter(target)
     far._plan(hopeless, cm, draft_ms=20.0)                             # 50 / 70 ms = 0.71x
     assert 50.0 / 70.0 < FAR_SHORT and far._misses == 2 and far._skip == 4
-    earning = drafter()
+    earning = small_auto_drafter(target)
     earning._earned_tokens, earning._earned_ms = 30.0, 600.0          # 20 ms per token
     for _ in range(2):
         earning._plan(hopeless, cm, draft_ms=10.0)
     assert earning._misses == 2 and earning._skip == 0, "a head that earns its keep sits out no step"
-    free = drafter()
+    free = small_auto_drafter(target)
     free._misses = 1
     free._plan(hopeless, cm, draft_ms=0.0)
     assert free._misses == 0, "no drafting paid: nothing lost"
