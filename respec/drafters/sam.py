@@ -62,8 +62,9 @@ class SamDrafter:
             tree = DraftTree.chain(ctx.root, draft, "retrieval")
             plan = None
             if ctx.cost is not None:
-                rate = self.continuation.rate(match)
-                probs = trie_node_probs(tree.parents, [1.0] * tree.size, rate)
+                rates = self.continuation.rates(match, len(draft))
+                rate = rates[0]                          # the root's, as the decision reports it
+                probs = trie_node_probs(tree.parents, [1.0] * tree.size, rates)
                 plan = ctx.cost.plan("retrieval", probs[1:], (time.perf_counter() - t0) * 1000)
                 tree = tree.subtree(range(1, plan.size))
             if tree.num_draft:
