@@ -19,8 +19,7 @@ Contract (`TreeConfig.auto`, on by default on every device):
   request (nothing leaks between requests) and feeds it every step's verify time.
 - `ContinuationEstimator`: for retrieval drafts (SAM chains, ReSpec tries), the probability that
   the target continues along a drafted child, per match-length bucket, learned online from every
-  verified retrieval step (Beta prior, exponentially decayed counts); a node at depth d of a draft
-  whose root matched m tokens counts at match length m + d.
+  verified retrieval step (Beta prior, exponentially decayed counts).
 `AutoDecision` is the record of one step's choice that drafters put in their decision.
 Pure functions (`plan_size`, `interpolate_cost`, `trie_node_probs`, EAGLE's depth-cut bound
 `layer_rate_bound`) are unit-tested against
@@ -164,18 +163,14 @@ def ancestor_closed_order(parents: Sequence[int], probs: Sequence[float]) -> lis
     return sorted(range(1, len(parents)), key=lambda i: (-probs[i], i))
 
 
-def trie_node_probs(parents: Sequence[int], weights: Sequence[float], rate: float | Sequence[float]) -> list[float]:
+def trie_node_probs(parents: Sequence[int], weights: Sequence[float], rate: float) -> list[float]:
     """Acceptance probability of every node of a retrieval trie (root first, probability 1).
     The target continues past a node into one of its drafted children with probability `rate`
-    (the continuation estimate: one number, or one per depth of the node it leaves, the root's
-    first, the last one for every deeper node, `ContinuationEstimator.rates`); that mass is shared
-    among the children in proportion to `weights` (each child's best candidate score). A chain
-    thus gets rate, rate², ... (r0, r0·r1, ... per depth); siblings are alternatives whose
-    probabilities add up to their parent's times its rate."""
-    per_depth = [float(rate)] if isinstance(rate, (int, float)) else [float(r) for r in rate]
+    (the continuation estimate); that mass is shared among the children in proportion to
+    `weights` (each child's best candidate score). A chain thus gets rate, rate², ...; siblings
+    are alternatives whose probabilities add up to their parent's times `rate`."""
     n = len(parents)
     probs = [1.0] + [0.0] * (n - 1)
-    depth = [0] * n
     children: list[list[int]] = [[] for _ in range(n)]
     for i in range(1, n):
         children[parents[i]].append(i)
@@ -183,11 +178,9 @@ def trie_node_probs(parents: Sequence[int], weights: Sequence[float], rate: floa
         kids = children[node]
         if not kids:
             continue
-        r = per_depth[min(depth[node], len(per_depth) - 1)]
         total = sum(max(1e-9, weights[k]) for k in kids)
         for k in kids:
-            depth[k] = depth[node] + 1
-            probs[k] = probs[node] * r * max(1e-9, weights[k]) / total
+            probs[k] = probs[node] * rate * max(1e-9, weights[k]) / total
     return probs
 
 
@@ -195,12 +188,7 @@ def trie_node_probs(parents: Sequence[int], weights: Sequence[float], rate: floa
 class ContinuationEstimator:
     """P(the target continues along a drafted child | the path so far was accepted), per
     match-length bucket, from verified retrieval steps. Each node on the accepted path that had
-    drafted children is one trial; it succeeds when the path went on into one of them. A node at
-    depth d of a draft whose root matched m tokens is counted, and priced, at match length m + d:
-    its path accepted, the text there repeats the earlier occurrence for at least m + d tokens.
-    (Until session 37 every node was counted at m, the root's match: the deep nodes of a draft
-    that had started well were priced at the root's odds, and the cost model's retrieval plans
-    expected 13-19% fewer tokens than they committed, compiled and eager, BENCHMARKS "Session 37".)"""
+    drafted children is one trial; it succeeds when the path went on into one of them."""
     prior: float = 0.6
     prior_weight: float = 4.0
     decay: float = 0.98
@@ -216,26 +204,19 @@ class ContinuationEstimator:
         return ((self._succ.get(b, 0.0) + self.prior * self.prior_weight)
                 / (self._trials.get(b, 0.0) + self.prior_weight))
 
-    def rates(self, match_len: int, depth: int) -> list[float]:
-        """The rate out of a node at each depth 0 (the root) .. depth - 1 of a draft whose root
-        matched `match_len` tokens (`trie_node_probs`' per-depth rate)."""
-        return [self.rate(match_len + d) for d in range(max(1, depth))]
-
     def update(self, match_len: int, parents: Sequence[int], accepted_path: Sequence[int]) -> None:
-        """accepted_path: node indices from the root (0) along the accepted draft. Each bucket
-        the path's trials fall in decays once, then adds them."""
+        """accepted_path: node indices from the root (0) along the accepted draft."""
         has_kids = set(parents[1:])
-        counts: dict[int, list[int]] = {self.bucket(match_len): [0, 0]}     # bucket -> [successes, trials]
+        b = self.bucket(match_len)
+        succ = trials = 0
         for i, node in enumerate(accepted_path):
             if node not in has_kids:
                 break
-            c = counts.setdefault(self.bucket(match_len + i), [0, 0])
-            c[1] += 1
+            trials += 1
             if i + 1 < len(accepted_path):
-                c[0] += 1
-        for b, (succ, trials) in counts.items():
-            self._succ[b] = self.decay * self._succ.get(b, 0.0) + succ
-            self._trials[b] = self.decay * self._trials.get(b, 0.0) + trials
+                succ += 1
+        self._succ[b] = self.decay * self._succ.get(b, 0.0) + succ
+        self._trials[b] = self.decay * self._trials.get(b, 0.0) + trials
 
 
 class CostModel:

@@ -129,20 +129,6 @@ def test_continuation_estimator_counts_trials_along_the_accepted_path():
     assert est.rate(9) == est.rate(8)
 
 
-def test_continuation_counts_and_prices_each_node_at_its_own_match_length():
-    """A node at depth d of a draft whose root matched m tokens is a trial at match length m + d,
-    and is priced there: a chain that starts in a short-match bucket goes on at the longer one's rate."""
-    est = ContinuationEstimator(prior=0.5, prior_weight=2.0, decay=1.0, buckets=(4,))
-    est.update(2, [-1, 0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 4, 5])     # 6 tokens drafted, 5 accepted
-    # trials at match 2, 3 (bucket < 4: both went on) and 4 .. 7 (bucket >= 4: 4 trials, 3 went on)
-    assert est.rate(2) == pytest.approx((2 + 1) / (2 + 2))
-    assert est.rate(4) == pytest.approx((3 + 1) / (4 + 2))
-    assert est.rates(2, 4) == [est.rate(2), est.rate(3), est.rate(4), est.rate(5)]
-    probs = trie_node_probs([-1, 0, 1, 2], [1, 1, 1, 1], [0.9, 0.5])     # the last rate for every deeper node
-    assert probs == pytest.approx([1, 0.9, 0.45, 0.225])
-    assert trie_node_probs([-1, 0, 1, 2], [1, 1, 1, 1], 0.5) == trie_node_probs([-1, 0, 1, 2], [1, 1, 1, 1], [0.5])
-
-
 def test_a_random_head_is_switched_off_at_its_first_probe_and_stays_lossless(monkeypatch):
     """A useless head costs a plain step: it never grows a tree, and probes (catch-up only) get
     rarer and rarer. Costs are injected (NO_AMX, a 5 ms head row), so the verdict is the same on

@@ -233,9 +233,8 @@ class ReSpecDrafter:
         paths = [list(x.draft) for x in chosen]
         scores = [x.score_before if x.score_before is not None else 1.0 for x in chosen]
         full = DraftTree.trie(ctx.root, paths, budget=1 + sum(len(p) for p in paths), path_scores=scores)
-        rates = self.continuation.rates(match, max(len(p) for p in paths))
-        rate = rates[0]                                  # the root's, as the decision reports it
-        probs = trie_node_probs(full.parents, full.scores, rates)
+        rate = self.continuation.rate(match)
+        probs = trie_node_probs(full.parents, full.scores, rate)
         if self.cand_cfg.trie_order == "rank":      # insertion order: ancestor-closed by construction
             order = list(range(1, full.size))
         else:

@@ -62,9 +62,8 @@ class SamDrafter:
             tree = DraftTree.chain(ctx.root, draft, "retrieval")
             plan = None
             if ctx.cost is not None:
-                rates = self.continuation.rates(match, len(draft))
-                rate = rates[0]                          # the root's, as the decision reports it
-                probs = trie_node_probs(tree.parents, [1.0] * tree.size, rates)
+                rate = self.continuation.rate(match)
+                probs = trie_node_probs(tree.parents, [1.0] * tree.size, rate)
                 plan = ctx.cost.plan("retrieval", probs[1:], (time.perf_counter() - t0) * 1000)
                 tree = tree.subtree(range(1, plan.size))
             if tree.num_draft:
