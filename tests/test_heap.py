@@ -27,7 +27,7 @@ def test_a_built_runner_is_frozen_out_of_full_collections():
     assert gc.get_freeze_count() == 0 and _traversed(runner.target)
 
 
-def test_the_hubs_model_switch_unfreezes_before_dropping_the_old_runner():
+def test_the_hubs_model_switch_unfreezes_before_dropping_the_old_runner(monkeypatch):
     built = {spec: Runner(make_target("llama", seed=0)) for spec in ("a", "b")}
     hub = ModelHub("a", factory=built.__getitem__, choices=["a", "b"])
     first = hub.runner("a")
@@ -39,9 +39,6 @@ def test_the_hubs_model_switch_unfreezes_before_dropping_the_old_runner():
         frozen_during.append(gc.get_freeze_count())
         real_release()
 
-    heap.release = release
-    try:
-        assert hub.runner("b") is built["b"]
-    finally:
-        heap.release = real_release
+    monkeypatch.setattr(heap, "release", release)
+    assert hub.runner("b") is built["b"]
     assert frozen_during and frozen_during[0] > 0 and gc.get_freeze_count() == 0
