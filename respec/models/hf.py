@@ -11,8 +11,8 @@ device, masked tree forwards and one-token forwards fold the query heads of each
 mask; respec/transfer.py), and forward_tree hands the uploaded tokens and parents on. Compaction after a non-prefix path gathers the kept rows of every
 layer along the sequence axis, then crops
 (`DynamicCache.crop` takes a NEGATIVE count in transformers 5; see shared/models/README.md §3.2).
-Eager CPU forwards of 2+ rows (and a tree's output layer) run the linears that
-`linear_layouts` measured faster that way as W @ x^T (respec/models/linear_layout.py; a function
+Eager CPU forwards (and a tree's output layer) run the linears that `linear_layouts`
+measured faster that way as W @ x^T (one-row ones as two rows) (respec/models/linear_layout.py; a function
 mode around the call, the model untouched). No modeling file is forked or patched.
 
 Installed-version and placement guards (respec/models/compat.py): the cache goes in under the
@@ -54,7 +54,7 @@ class HFTarget:
         check_transformers()
         check_placement(model, name)
         self.model = model.eval()
-        # eager forwards of 2+ rows hand some linears to the BLAS as W @ x^T where this CPU runs them
+        # eager forwards hand some linears to the BLAS as W @ x^T where this CPU runs them
         # faster that way (respec/models/linear_layout.py; measured here unless given, as a twin is)
         self.linear_layouts = layouts if layouts is not None else linear_layouts(model)
         # masked multi-token forwards skip repeat_kv on the CPU (attention.py); other models get no extra kwarg
@@ -290,7 +290,8 @@ class HFTarget:
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)   # [1, n]
         out = self._forward(input_ids=ids)
         hidden = out.last_hidden_state[0]                                            # [n, H]
-        logits = self.lm_head(hidden[-1:]).float()                                   # [1, V]
+        with self.linear_layouts.active(1):
+            logits = self.lm_head(hidden[-1:]).float()                               # [1, V]
         return TargetOutput(logits=logits, hidden=self._features(out))               # [n, F]
 
     @torch.inference_mode()

@@ -15,15 +15,20 @@ Contract:
   on that CPU W @ x^T won at 2-8 rows, lost at 12 and tied at 16 (whole forwards of 12 rows 112 ms
   against 87), so a choice made at 8 rows must not carry to 12. CPU weights only (a model elsewhere
   gets an empty plan); about 2 s on the default model.
+- One row: a GEMV, which some BLAS builds run far below the machine's bandwidth (MKL's float32
+  sgemv on a 2-core AMD EPYC Zen 4: the default model's one-token step took 46.5 ms, against 32.8
+  ms with every linear run as `padded_linear`, the row twice through the two-column GEMM, the
+  second column dropped; session 38). `measure_layouts` also times that per shape and plans it
+  (`LinearLayouts.one_row`) under the same MARGIN; in bf16 on that CPU it lost and nothing changed.
 - `LinearLayouts.active(rows)`: a context under which `F.linear` calls whose weight shape is
-  planned up to at least `rows` rows run as mm(W, x^T)^T (+ bias), every other call unchanged; a
-  no-op context when nothing is planned for that row count. The model is not modified: HFTarget
-  enters it around eager forwards of 2+ rows only, so one-token steps and compiled graphs never
-  see it. The EAGLE head's eager linears are not swapped: timed as a whole, its drafts of 2-4
+  planned up to at least `rows` rows run as mm(W, x^T)^T (+ bias), or at one row as
+  `padded_linear` for the one-row shapes, every other call unchanged; a no-op context when nothing
+  is planned for that row count. The model is not modified: HFTarget enters it around eager
+  forwards only, so compiled graphs never see it. The EAGLE head's eager linears are not swapped: timed as a whole, its drafts of 2-4
   rows took 2.7-3.2 ms swapped against anywhere from 2.8 to 6.2 ms plain from one run to the
   next (the same CPU, throwaway scripts), too unsteady to measure a plan from at load.
 - `linear_layouts(model)` reads RESPEC_LINEAR_LAYOUT: `auto` (the default: measure), `off` (an
-  empty plan) or `transposed` (every shape up to ROWS' largest: tests and A/B runs).
+  empty plan) or `transposed` (every shape up to ROWS' largest, one row padded: tests and A/B runs).
 The two ways agree to the dtype's rounding (a different summation order), as GEMV and GEMM
 already do; greedy speculative output still equals vanilla (tests/test_linear_layout.py).
 Nothing is measured at import.
@@ -53,42 +58,58 @@ def transposed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     return y.t().contiguous().view(*x.shape[:-1], weight.shape[0])
 
 
-class _TransposedLinears(TorchFunctionMode):
-    """F.linear over a weight of one of `shapes` ((n, k) pairs) as `transposed_linear`."""
+def padded_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., k] holding one row, weight [n, k], bias [n] or None -> [..., n] (contiguous): the row
+    twice as W @ [x; x]^T (a two-column GEMM, not a GEMV), the second column dropped."""
+    x1 = x.reshape(1, x.shape[-1])                                                        # [1, k]
+    return transposed_linear(torch.cat([x1, x1]), weight, bias)[:1].view(*x.shape[:-1], weight.shape[0])
 
-    def __init__(self, shapes: frozenset[tuple[int, int]]) -> None:
+
+class _TransposedLinears(TorchFunctionMode):
+    """F.linear over a weight of one of `shapes` ((n, k) pairs) as `transposed_linear`, or as
+    `padded_linear` where `one_row` (a forward of one query row)."""
+
+    def __init__(self, shapes: frozenset[tuple[int, int]], one_row: bool = False) -> None:
         super().__init__()
-        self.shapes = shapes
+        self.shapes, self.swap = shapes, padded_linear if one_row else transposed_linear
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is F.linear and len(args) >= 2 and tuple(args[1].shape) in self.shapes \
                 and args[1].device.type == "cpu":    # a model measured on the CPU, then moved (ZeroGPU)
             bias = args[2] if len(args) > 2 else kwargs.get("bias")
-            return transposed_linear(args[0], args[1], bias)
+            if self.swap is padded_linear and args[0].numel() != args[0].shape[-1]:
+                return func(*args, **kwargs)                 # not one row after all: left alone
+            return self.swap(args[0], args[1], bias)
         return func(*args, **kwargs)
 
 
 @dataclass(frozen=True)
 class LinearLayouts:
-    """Which linears to run as W @ x^T: ((n, k), largest row count) pairs."""
+    """Which linears to run as W @ x^T: ((n, k), largest row count) pairs, and the (n, k) shapes
+    whose one-row calls run as two rows (`padded_linear`)."""
     limits: tuple[tuple[tuple[int, int], int], ...] = ()
     source: str = "off"            # auto (measured) | off | transposed (forced)
+    one_row: tuple[tuple[int, int], ...] = ()
 
     def shapes(self, rows: int) -> frozenset[tuple[int, int]]:
-        """Weight shapes run as W @ x^T in a forward of `rows` rows (none below 2 rows)."""
+        """Weight shapes run as W @ x^T (padded to two rows at one row) in a forward of `rows` rows."""
+        if rows == 1:
+            return frozenset(self.one_row)
         return frozenset(shape for shape, most in self.limits if 2 <= rows <= most)
 
     def active(self, rows: int):
         """The context for a forward of `rows` query rows (see the module docstring)."""
         shapes = self.shapes(rows)
-        return _TransposedLinears(shapes) if shapes else contextlib.nullcontext()
+        return _TransposedLinears(shapes, one_row=rows == 1) if shapes else contextlib.nullcontext()
 
     def describe(self) -> str:
-        """One line: which shapes run transposed up to how many rows."""
-        if not self.limits:
+        """One line: which shapes run transposed up to how many rows, and which one-row calls run as two."""
+        if not self.limits and not self.one_row:
             return f"linear layout: F.linear everywhere ({self.source})"
         parts = [f"{n}x{k} up to {most} rows" for (n, k), most in self.limits]
+        if self.one_row:
+            parts.append("one row as two for " + ", ".join(f"{n}x{k}" for n, k in self.one_row))
         return f"linear layout ({self.source}): W @ x^T for " + "; ".join(parts)
 
 
@@ -107,34 +128,42 @@ def _linear_groups(model: torch.nn.Module) -> dict[tuple[int, int], list[torch.n
 @torch.inference_mode()
 def measure_layouts(model: torch.nn.Module, rows: tuple[int, ...] = ROWS, rounds: int = 2) -> LinearLayouts:
     """Time F.linear against W @ x^T per weight shape, row count by row count (see the module docstring)."""
-    limits = []
+    limits, one_row = [], []
     for (n, k), modules in _linear_groups(model).items():
-        weight = modules[0].weight
+        if _swap_pays(modules, 1, padded_linear, rounds):
+            one_row.append((n, k))
         most = 0
         for m in rows:
-            x = torch.randn(m, k, dtype=weight.dtype)                                       # [m, k]
-
-            def plain():
-                for mod in modules:
-                    F.linear(x, mod.weight, mod.bias)
-
-            def swapped():
-                for mod in modules:
-                    transposed_linear(x, mod.weight, mod.bias)
-
-            best = {plain: float("inf"), swapped: float("inf")}
-            plain(), swapped()                                   # warm-up (allocation, kernel choice)
-            for _ in range(rounds):
-                for fn in best:                                  # interleaved: a busy spell hits both
-                    t0 = time.perf_counter()
-                    fn()
-                    best[fn] = min(best[fn], time.perf_counter() - t0)
-            if best[swapped] >= MARGIN * best[plain]:
+            if not _swap_pays(modules, m, transposed_linear, rounds):
                 break
             most = m
         if most:
             limits.append(((n, k), most))
-    return LinearLayouts(tuple(sorted(limits)), "auto")
+    return LinearLayouts(tuple(sorted(limits)), "auto", tuple(sorted(one_row)))
+
+
+def _swap_pays(modules: list[torch.nn.Linear], m: int, swap, rounds: int) -> bool:
+    """Whether `swap` over `m` rows through every module of `modules` (one weight shape) takes
+    under MARGIN of F.linear's time, the fastest of `rounds` interleaved rounds after a warm-up."""
+    weight = modules[0].weight
+    x = torch.randn(m, weight.shape[1], dtype=weight.dtype)                              # [m, k]
+
+    def plain():
+        for mod in modules:
+            F.linear(x, mod.weight, mod.bias)
+
+    def swapped():
+        for mod in modules:
+            swap(x, mod.weight, mod.bias)
+
+    best = {plain: float("inf"), swapped: float("inf")}
+    plain(), swapped()                                   # warm-up (allocation, kernel choice)
+    for _ in range(rounds):
+        for fn in best:                                  # interleaved: a busy spell hits both
+            t0 = time.perf_counter()
+            fn()
+            best[fn] = min(best[fn], time.perf_counter() - t0)
+    return best[swapped] < MARGIN * best[plain]
 
 
 def check_layout_choice(value: str) -> str:
@@ -148,5 +177,6 @@ def linear_layouts(model: torch.nn.Module) -> LinearLayouts:
     if choice == "off":
         return LinearLayouts()
     if choice == "transposed":
-        return LinearLayouts(tuple(sorted((shape, ROWS[-1]) for shape in _linear_groups(model))), "transposed")
+        shapes = sorted(_linear_groups(model))
+        return LinearLayouts(tuple((shape, ROWS[-1]) for shape in shapes), "transposed", tuple(shapes))
     return measure_layouts(model)
