@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from respec.cost import (MIN_GAIN, OFFSET_WINDOW, ContinuationEstimator, CostModel, SizePlan, ancestor_closed_order,
+from respec.cost import (FIRST_PLAIN, MIN_GAIN, OFFSET_WINDOW, PLAIN_EVERY, ContinuationEstimator, CostModel, SizePlan, ancestor_closed_order,
                          interpolate_cost, plan_size, trie_node_probs)
 from respec.drafters.eagle2 import DEPTH_SOURCE, ROOT_SOURCE
 from respec.tree import DraftTree
@@ -93,6 +93,36 @@ def test_one_token_steps_and_trees_are_shifted_apart():
     assert cm.plan("eagle", [0.25], draft_ms=2.0).size == 1, "not drafted"
     assert SizePlan.at([0.25], 2, cm.curve(), 2.0).rate_vs_plain == pytest.approx(1.25 * 53.0 / 67.0)
     assert (1.25 / 67.0) * 59.0 > 1.02, "the same draft against plain steps at the trees' shift"
+
+
+def test_trees_at_every_step_leave_room_for_a_plain_step_that_prices_plain_steps():
+    """Only trees timed: plain steps are priced at the trees' shift until a one-token step is timed,
+    which the cost model asks for after FIRST_PLAIN trees, and again after PLAIN_EVERY in a row."""
+    cm = CostModel(lambda n: dict(NO_AMX), max_size=16)
+    assert not cm.wants_plain_step()
+    for _ in range(FIRST_PLAIN):
+        assert not cm.wants_plain_step()
+        cm.observe(4, 70.0)
+    assert cm.wants_plain_step() and cm.plain_ms() == pytest.approx(58.0), "priced at the trees' +8 ms"
+    cm.observe(1, 52.0)
+    assert not cm.wants_plain_step() and cm.plain_ms() == pytest.approx(52.0)
+    for _ in range(PLAIN_EVERY - 1):
+        cm.observe(4, 70.0)
+    assert not cm.wants_plain_step()
+    cm.observe(8, 83.0)
+    assert cm.wants_plain_step()
+
+
+def test_the_eagle_drafter_leaves_a_plain_step_when_the_cost_model_asks_and_stays_lossless(monkeypatch):
+    monkeypatch.setattr(CostModel, "wants_plain_step", lambda self: True)
+    target = make_target("llama", seed=0)
+    prompt = [3, 4, 5, 6, 7, 8, 9, 10, 11, 12] * 4
+    ref = run(target, "vanilla", prompt, max_new_tokens=24)
+    out = run(target, "eagle2", prompt, max_new_tokens=24, **{"tree.auto": True, "tree.total_tokens": 8})
+    assert out.tokens == ref.tokens
+    assert all(s.num_draft == 0 for s in out.steps), "no draft while a plain step is wanted"
+    reasons = [s.decision.reason for s in out.steps if s.decision is not None]
+    assert any("a plain step, to time one" in r for r in reasons), reasons[:3]
 
 
 def test_trie_probabilities_chain_split_siblings_and_ancestor_closed_order():

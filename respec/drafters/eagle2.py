@@ -277,6 +277,9 @@ class Eagle2Drafter:
             self._skip -= 1
             return EagleDraft(DraftTree.root_only(root), AutoDecision(
                 plan=None, kept=1, reason=f"auto: the head did not pay recently; next probe in {self._skip + 1} steps"))
+        if cost is not None and cost.wants_plain_step():     # the queue waits for the next draft, as above
+            return EagleDraft(DraftTree.root_only(root), AutoDecision(
+                plan=None, kept=1, reason="auto: a plain step, to time one at this context (CostModel.wants_plain_step)"))
         t0 = self.clock()
         if not self._pending and self.kv_len == 0:
             raise RuntimeError("EAGLE drafter used before reset")
