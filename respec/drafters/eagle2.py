@@ -135,6 +135,8 @@ class Eagle2Drafter:
         self._pending: list[torch.Tensor] = []   # each [m_i, H]: features of committed positions
         if getattr(target, "compiled", False):     # a compiled target drafts with a compiled head
             head.enable_compile(target)
+        else:                                        # an eager one: its linears the way this CPU runs them fastest
+            head.plan_eager_linears(target)
         self._reset_auto()
 
     def _reset_auto(self) -> None:

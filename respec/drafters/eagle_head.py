@@ -24,6 +24,8 @@ The drafter that runs the head (catch-up, tree search, auto budget) is respec/dr
 """
 from __future__ import annotations
 
+import contextlib
+
 import json
 import time
 from dataclasses import dataclass
@@ -117,6 +119,7 @@ class EagleHead(nn.Module):
         self._draft_lm: tuple[TargetModel, LMHead] | None = None    # the rows for draft_vocab, cached
         self._row_ms: tuple[TargetModel, float] | None = None         # row_ms's measurement, cached
         self._compiled = None     # a CompiledHead (respec/drafters/head_compile.py) once enable_compile ran
+        self._eager_plan = None   # (target, LinearLayouts) for eager calls once plan_eager_linears ran
 
     def enable_compile(self, target: TargetModel, progress: bool = True) -> float:
         """Compile this head's forward and draft output layer for `target` and pay the compiles now
@@ -147,6 +150,23 @@ class EagleHead(nn.Module):
         self._compiled, self._row_ms = compiled, None
         self.row_ms(target)
 
+    def plan_eager_linears(self, target: TargetModel):
+        """Measure, once per target, which of this head's eager linears (its own and the draft
+        output layer) run faster as W @ x^T or, at one row, as two rows
+        (respec/models/linear_layout.py; RESPEC_LINEAR_LAYOUT applies); eager calls without
+        gradients follow the plan from then on. Returns the plan."""
+        from respec.models.linear_layout import linear_layouts
+        if self._eager_plan is None or self._eager_plan[0] is not target:
+            layer = self.draft_output_layer(target)
+            self._eager_plan = (target, linear_layouts(self, extra=(layer,) if isinstance(layer, LMHead) else ()))
+        return self._eager_plan[1]
+
+    def _planned(self):
+        """The eager plan's per-call context (a no-op while training or before planning)."""
+        if self._eager_plan is None or torch.is_grad_enabled():
+            return contextlib.nullcontext()
+        return self._eager_plan[1].per_call()
+
     def output_layer_routes(self) -> str:
         """How the draft output layer runs: "eager", or the compiled head's routes per row count."""
         return "eager" if self._compiled is None else self._compiled.describe_routes()
@@ -161,11 +181,12 @@ class EagleHead(nn.Module):
 
     def eager_draft_logits(self, target: TargetModel, out: torch.Tensor) -> torch.Tensor:
         """draft_logits, eager: the target's own lm_head rows."""
-        if self.draft_vocab is None:
-            return target.lm_head(out)
-        if self._draft_lm is None or self._draft_lm[0] is not target:
-            self._draft_lm = (target, self.draft_output_layer(target))
-        return self._draft_lm[1](out)
+        with self._planned():
+            if self.draft_vocab is None:
+                return target.lm_head(out)
+            if self._draft_lm is None or self._draft_lm[0] is not target:
+                self._draft_lm = (target, self.draft_output_layer(target))
+            return self._draft_lm[1](out)
 
     def draft_output_layer(self, target: TargetModel):
         """out [q, H] -> draft logits [q, V or Vd], built now and not cached on the head (what a
@@ -256,7 +277,8 @@ class EagleHead(nn.Module):
         compiled = self._compiled if not torch.is_grad_enabled() else None
         if compiled is not None:
             return compiled.forward(emb, feat, positions, cache, mask)
-        return self.eager_forward(emb, feat, positions, cache, mask)
+        with self._planned():
+            return self.eager_forward(emb, feat, positions, cache, mask)
 
     def eager_forward(self, emb: torch.Tensor, feat: torch.Tensor, positions: torch.Tensor,
                       cache: DynamicCache, mask: torch.Tensor | None) -> torch.Tensor:

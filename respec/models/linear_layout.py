@@ -24,9 +24,12 @@ Contract:
   planned up to at least `rows` rows run as mm(W, x^T)^T (+ bias), or at one row as
   `padded_linear` for the one-row shapes, every other call unchanged; a no-op context when nothing
   is planned for that row count. The model is not modified: HFTarget enters it around eager
-  forwards only, so compiled graphs never see it. The EAGLE head's eager linears are not swapped: timed as a whole, its drafts of 2-4
-  rows took 2.7-3.2 ms swapped against anywhere from 2.8 to 6.2 ms plain from one run to the
-  next (the same CPU, throwaway scripts), too unsteady to measure a plan from at load.
+  forwards only, so compiled graphs never see it.
+- An eager EAGLE head gets a plan of its own (`linear_layouts(head, extra=(draft output layer,))`,
+  entered per call through `LinearLayouts.per_call`: its calls mix row counts). On the 2-core AMD
+  EPYC Zen 4 in float32, a head call plus its 8,192-row draft output layer took 2.2 / 2.4 / 2.8 ms
+  at 1 / 2 / 4 rows with every head linear swapped against 3.8 / 7.0 / 5.5 ms plain (session 38,
+  a throwaway script). (On a Zen 3, session 27, whole drafts had timed too unsteadily to plan.)
 - `linear_layouts(model)` reads RESPEC_LINEAR_LAYOUT: `auto` (the default: measure), `off` (an
   empty plan) or `transposed` (every shape up to ROWS' largest, one row padded: tests and A/B runs).
 The two ways agree to the dtype's rounding (a different summation order), as GEMV and GEMM
@@ -103,6 +106,11 @@ class LinearLayouts:
         shapes = self.shapes(rows)
         return _TransposedLinears(shapes, one_row=rows == 1) if shapes else contextlib.nullcontext()
 
+    def per_call(self):
+        """A context under which each F.linear call is swapped as the plan says for its own row
+        count (calls of several sizes under one context: an EAGLE head's catch-ups and tree layers)."""
+        return _PlannedLinears(self) if self.limits or self.one_row else contextlib.nullcontext()
+
     def describe(self) -> str:
         """One line: which shapes run transposed up to how many rows, and which one-row calls run as two."""
         if not self.limits and not self.one_row:
@@ -111,6 +119,25 @@ class LinearLayouts:
         if self.one_row:
             parts.append("one row as two for " + ", ".join(f"{n}x{k}" for n, k in self.one_row))
         return f"linear layout ({self.source}): W @ x^T for " + "; ".join(parts)
+
+
+class _PlannedLinears(TorchFunctionMode):
+    """F.linear over a CPU weight swapped per call as `plan` says for the call's row count."""
+
+    def __init__(self, plan: LinearLayouts) -> None:
+        super().__init__()
+        self.limits, self.one_row = dict(plan.limits), frozenset(plan.one_row)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.linear and len(args) >= 2 and args[1].device.type == "cpu" and args[0].dim() >= 1:
+            shape, rows = tuple(args[1].shape), args[0].numel() // max(1, args[0].shape[-1])
+            bias = args[2] if len(args) > 2 else kwargs.get("bias")
+            if rows == 1 and shape in self.one_row:
+                return padded_linear(args[0], args[1], bias)
+            if 2 <= rows <= self.limits.get(shape, 0):
+                return transposed_linear(args[0], args[1], bias)
+        return func(*args, **kwargs)
 
 
 def _linear_groups(model: torch.nn.Module) -> dict[tuple[int, int], list[torch.nn.Linear]]:
@@ -128,8 +155,14 @@ def _linear_groups(model: torch.nn.Module) -> dict[tuple[int, int], list[torch.n
 @torch.inference_mode()
 def measure_layouts(model: torch.nn.Module, rows: tuple[int, ...] = ROWS, rounds: int = 2) -> LinearLayouts:
     """Time F.linear against W @ x^T per weight shape, row count by row count (see the module docstring)."""
+    return measure_groups(_linear_groups(model), rows, rounds)
+
+
+def measure_groups(groups: dict[tuple[int, int], list], rows: tuple[int, ...] = ROWS, rounds: int = 2) -> LinearLayouts:
+    """`measure_layouts` over given groups: per (n, k) weight shape, objects with `.weight` [n, k]
+    and `.bias` (nn.Linear modules, an EAGLE head's draft output layer)."""
     limits, one_row = [], []
-    for (n, k), modules in _linear_groups(model).items():
+    for (n, k), modules in groups.items():
         if _swap_pays(modules, 1, padded_linear, rounds):
             one_row.append((n, k))
         most = 0
@@ -171,12 +204,18 @@ def check_layout_choice(value: str) -> str:
     return one_of(value, CHOICES, "RESPEC_LINEAR_LAYOUT")
 
 
-def linear_layouts(model: torch.nn.Module) -> LinearLayouts:
-    """The plan for `model` as RESPEC_LINEAR_LAYOUT says (see the module docstring)."""
+def linear_layouts(model: torch.nn.Module, extra: tuple = ()) -> LinearLayouts:
+    """The plan for `model` as RESPEC_LINEAR_LAYOUT says (see the module docstring); `extra`:
+    further CPU weights to plan for (objects with `.weight` and `.bias`, e.g. an EAGLE head's
+    draft output layer, an `LMHead`)."""
     choice = check_layout_choice(os.environ.get("RESPEC_LINEAR_LAYOUT", "auto"))
     if choice == "off":
         return LinearLayouts()
+    groups = _linear_groups(model)
+    for layer in extra:
+        if layer.weight.device.type == "cpu" and layer.weight.dim() == 2:
+            groups.setdefault(tuple(layer.weight.shape), []).append(layer)
     if choice == "transposed":
-        shapes = sorted(_linear_groups(model))
+        shapes = sorted(groups)
         return LinearLayouts(tuple((shape, ROWS[-1]) for shape in shapes), "transposed", tuple(shapes))
-    return measure_layouts(model)
+    return measure_groups(groups)
