@@ -2,6 +2,7 @@
 plan decides which calls swap (one-row calls as two rows only for its one-row shapes), and greedy
 speculative output still equals vanilla with every linear swapped. No verdict here reads the clock: which layout
 a machine measures faster is its own business; only the plan's shape is checked."""
+import contextlib
 from unittest import mock
 
 import pytest
@@ -121,3 +122,44 @@ def test_one_row_forwards_stay_plain_without_one_row_shapes():
     with mock.patch.object(ll, "transposed_linear", wraps=ll.transposed_linear) as swapped:
         run(target, "vanilla", PROMPT[:1], max_new_tokens=4)
     assert swapped.call_count == 0, "Without one-row shapes, one-row forwards must run F.linear untouched."
+
+
+def test_per_call_swaps_each_call_by_its_own_row_count():
+    plan = ll.LinearLayouts((((24, 16), 4),), "test", one_row=((24, 16),))
+    w, other = torch.randn(24, 16), torch.randn(8, 16)
+    with mock.patch.object(ll, "padded_linear", wraps=ll.padded_linear) as padded, \
+            mock.patch.object(ll, "transposed_linear", wraps=ll.transposed_linear) as swapped:
+        with plan.per_call():
+            for rows in (1, 3, 6):
+                torch.testing.assert_close(F.linear(torch.ones(rows, 16), w), torch.ones(rows, 16) @ w.t())
+            F.linear(torch.randn(1, 16), other)                        # another shape: unchanged
+    assert padded.call_count == 1, "one row: as two"
+    assert swapped.call_count == 2, "three rows swapped (and the padded call's own), six rows above the plan plain"
+    assert isinstance(ll.LinearLayouts().per_call(), type(contextlib.nullcontext()))
+
+
+def test_an_eager_head_plans_its_own_linears_and_its_draft_output_layer(monkeypatch):
+    """An eager EAGLE drafter measures its head's plan (RESPEC_LINEAR_LAYOUT applies): every head
+    shape and the draft output layer's; drafting runs swapped calls and greedy output stays
+    vanilla's; calls with gradients (training) are never swapped."""
+    from respec.config import TreeConfig
+    from respec.drafters.eagle2 import Eagle2Drafter
+    from respec.drafters.eagle_head import random_head
+    monkeypatch.setenv("RESPEC_LINEAR_LAYOUT", "transposed")
+    target = HFTarget(tiny_llama(seed=2, dtype=torch.float32), eos_token_ids=frozenset({EOS}), context_length=256)
+    head = random_head(target)
+    head.draft_vocab = torch.arange(64)
+    Eagle2Drafter(target, head, TreeConfig(total_tokens=8, depth=2, top_k=2, auto=False))
+    plan = head._eager_plan[1]
+    shapes = {tuple(m.weight.shape) for m in head.modules() if isinstance(m, torch.nn.Linear)}
+    assert set(plan.one_row) == shapes | {(64, target.model.config.hidden_size)}
+    monkeypatch.setenv("RESPEC_LINEAR_LAYOUT", "off")
+    assert head.plan_eager_linears(target) is plan, "measured once per target"
+    x = torch.randn(3, 2 * target.model.config.hidden_size)
+    with mock.patch.object(ll, "transposed_linear", wraps=ll.transposed_linear) as swapped:
+        with torch.no_grad(), head._planned():
+            head.fc(x)
+        assert swapped.call_count == 1
+        with torch.enable_grad(), head._planned():
+            head.fc(x)
+        assert swapped.call_count == 1, "training calls run F.linear"
