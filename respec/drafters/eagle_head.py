@@ -25,7 +25,6 @@ The drafter that runs the head (catch-up, tree search, auto budget) is respec/dr
 from __future__ import annotations
 
 import contextlib
-
 import json
 import time
 from dataclasses import dataclass

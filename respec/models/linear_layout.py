@@ -68,25 +68,6 @@ def padded_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return transposed_linear(torch.cat([x1, x1]), weight, bias)[:1].view(*x.shape[:-1], weight.shape[0])
 
 
-class _TransposedLinears(TorchFunctionMode):
-    """F.linear over a weight of one of `shapes` ((n, k) pairs) as `transposed_linear`, or as
-    `padded_linear` where `one_row` (a forward of one query row)."""
-
-    def __init__(self, shapes: frozenset[tuple[int, int]], one_row: bool = False) -> None:
-        super().__init__()
-        self.shapes, self.swap = shapes, padded_linear if one_row else transposed_linear
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is F.linear and len(args) >= 2 and tuple(args[1].shape) in self.shapes \
-                and args[1].device.type == "cpu":    # a model measured on the CPU, then moved (ZeroGPU)
-            bias = args[2] if len(args) > 2 else kwargs.get("bias")
-            if self.swap is padded_linear and args[0].numel() != args[0].shape[-1]:
-                return func(*args, **kwargs)                 # not one row after all: left alone
-            return self.swap(args[0], args[1], bias)
-        return func(*args, **kwargs)
-
-
 @dataclass(frozen=True)
 class LinearLayouts:
     """Which linears to run as W @ x^T: ((n, k), largest row count) pairs, and the (n, k) shapes
@@ -102,9 +83,9 @@ class LinearLayouts:
         return frozenset(shape for shape, most in self.limits if 2 <= rows <= most)
 
     def active(self, rows: int):
-        """The context for a forward of `rows` query rows (see the module docstring)."""
-        shapes = self.shapes(rows)
-        return _TransposedLinears(shapes, one_row=rows == 1) if shapes else contextlib.nullcontext()
+        """The context for a forward of `rows` query rows (see the module docstring): `per_call`,
+        or a no-op where nothing is planned at that row count."""
+        return self.per_call() if self.shapes(rows) else contextlib.nullcontext()
 
     def per_call(self):
         """A context under which each F.linear call is swapped as the plan says for its own row
@@ -175,7 +156,7 @@ def measure_groups(groups: dict[tuple[int, int], list], rows: tuple[int, ...] = 
     return LinearLayouts(tuple(sorted(limits)), "auto", tuple(sorted(one_row)))
 
 
-def _swap_pays(modules: list[torch.nn.Linear], m: int, swap, rounds: int) -> bool:
+def _swap_pays(modules: list, m: int, swap, rounds: int) -> bool:
     """Whether `swap` over `m` rows through every module of `modules` (one weight shape) takes
     under MARGIN of F.linear's time, the fastest of `rounds` interleaved rounds after a warm-up."""
     weight = modules[0].weight
