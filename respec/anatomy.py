@@ -20,6 +20,10 @@ Contract:
   (target forward + verification), drafting, prefill and the rest (tree building, masks, traces).
   Beside it the cost model's prediction for the steps it planned: predicted tokens per step and
   ms per step against what those steps realised. `sentence()` says it as a teacher would.
+- `token_times(result)` -> when each generated token was there: ms from the run's start (the
+  prefill's for the first token, the step's `at_ms` for the ones it committed); a bench compares
+  methods whose outputs end at different lengths at the length they share
+  (`respec.bench_report.same_length_speedup`).
 """
 from __future__ import annotations
 
@@ -171,6 +175,15 @@ def totals_of(result: Any) -> Totals:
                   predicted_ms=sum(float(c["cost_ms"]) for _, c in planned),
                   realised_tokens=sum(len(s.new_tokens) for s, _ in planned),
                   realised_ms=sum(s.verify_ms + s.draft_ms for s, _ in planned))
+
+
+def token_times(result: Any) -> list[float]:
+    """[len(result.tokens)] ms from the run's start at which each generated token was committed:
+    the first at the prefill's end, every other at the end of the step that committed it."""
+    times = [float(result.prefill_ms)]
+    for s in result.steps:
+        times.extend([float(s.at_ms)] * len(s.new_tokens))
+    return times[:len(result.tokens)]
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from respec._io import atomic_write_text
-from respec.anatomy import DepthAcceptance, Totals, acceptance_by_depth, totals_of
+from respec.anatomy import DepthAcceptance, Totals, acceptance_by_depth, token_times, totals_of
 from respec.bench_questions import CATEGORIES, MT_BENCH, Question, bench_category, load_questions
 from respec.bench_report import (SUMMARY_COLUMNS, add_hist, bench_figures, repeat_speedups, speedup_matrix_markdown,
                                  spread_text, summarize, summary_table_markdown, write_reports)
@@ -85,7 +85,7 @@ def _record(q: Question, method: str, *, new_tokens: int, wall: float, steps: in
             tokens: list[int], texts: list[str], hist: list[int], relaxed: int = 0, retrieval_steps: int = 0,
             fired: int = 0, nll: float | None = None, margins: list[float] | None = None,
             multi_chosen: int = 0, branching: int = 0, depth: dict | None = None,
-            totals: dict | None = None) -> dict[str, Any]:
+            totals: dict | None = None, token_ms: list[float] | None = None) -> dict[str, Any]:
     rec = {"question_id": q.question_id, "category": q.category, "method": method,
            "new_tokens": new_tokens, "wall_s": wall, "tokens_per_s": new_tokens / wall if wall > 0 else 0.0,
            "steps": steps, "mean_accepted": committed / steps if steps else 1.0,
@@ -95,6 +95,8 @@ def _record(q: Question, method: str, *, new_tokens: int, wall: float, steps: in
            "text": "\n\n".join(texts), "tokens": tokens}
     if depth is not None:                # respec/anatomy.py: acceptance by draft position, the speedup's factors
         rec["depth"], rec["totals"] = depth, totals
+    if token_ms is not None:             # when each token was there, turns end to end (same_length_speedup)
+        rec["token_ms"] = [round(t, 1) for t in token_ms]
     if margins is not None:
         rec["margins"] = [round(float(m), 4) for m in margins]
     return rec
@@ -112,6 +114,7 @@ def run_question(runner, q: Question, config: EngineConfig, score_nll: bool = Fa
     margins: list[float] = []
     texts: list[str] = []
     hist: list[int] = []
+    token_ms: list[float] = []
     new_tokens = steps = committed = 0
     wall = 0.0
     depth, totals = DepthAcceptance(), Totals()
@@ -122,6 +125,7 @@ def run_question(runner, q: Question, config: EngineConfig, score_nll: bool = Fa
         messages.append({"role": "assistant", "content": result.text})
         texts.append(result.text)
         tokens.extend(result.tokens)
+        token_ms.extend(wall * 1000 + t for t in token_times(result))     # after the earlier turns' walls
         margins.extend(result.token_margins())
         new_tokens += len(result.tokens)
         steps += len(result.steps)
@@ -141,7 +145,7 @@ def run_question(runner, q: Question, config: EngineConfig, score_nll: bool = Fa
         wall += result.wall_time_s
     return _record(q, config.method, new_tokens=new_tokens, wall=wall, steps=steps, committed=committed,
                    multi_chosen=multi_chosen, branching=branching, depth=depth.to_dict(), totals=totals.to_dict(),
-                   tokens=tokens, texts=texts, hist=hist, relaxed=relaxed, retrieval_steps=retrieval_steps,
+                   token_ms=token_ms, tokens=tokens, texts=texts, hist=hist, relaxed=relaxed, retrieval_steps=retrieval_steps,
                    fired=fired, nll=nll_sum / nll_n if nll_n else None, margins=margins if keep_margins else None)
 
 

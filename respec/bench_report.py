@@ -4,7 +4,10 @@ Contract (Spec-Bench's speed.py conventions): `summarize(records)` gives per-cat
 rows per method: `tokens_per_s` is the mean of per-question speeds; `speedup_vs_vanilla` is a ratio
 of means over every repeat; with several repeats, `speedup_std` / `speedup_min` / `speedup_max`
 spread the per-repeat speedups (each repeat's mean tokens/s over vanilla's in the same repeat;
-sample std, NaN for one repeat); `mean_accepted` = committed tokens per target forward over all steps
+sample std, NaN for one repeat); `speedup_same_length` compares each question at the length its
+output shares with vanilla's (`same_length_speedup`: outputs that end at different lengths, as bf16
+rounding ties and relaxed verification allow, otherwise spread one prompt's prefill over different
+token counts); `mean_accepted` = committed tokens per target forward over all steps
 (bonus token included); `exact_match_rate` / `lossless_rate` are shares of questions (see respec.bench).
 `write_reports` writes summary.csv, summary.md, speedup.html and acceptance.html into a results
 folder, each atomically (respec._io). Pure functions of their inputs otherwise; pandas and plotly
@@ -82,6 +85,24 @@ def repeat_speedups(g: "pandas.DataFrame", vanilla: "pandas.DataFrame") -> list[
     return [float(per[k] / van[k]) for k in per.index if k in van.index and van[k] > 0]
 
 
+def same_length_speedup(g: "pandas.DataFrame", vanilla: "pandas.DataFrame") -> float:
+    """Ratio of mean tokens/s of `g`'s records over vanilla's, each question (and repeat) measured
+    at the length L both outputs reach: L / (ms at which token L was there, `token_ms`). Equal to
+    the Spec-Bench ratio when every output has vanilla's length; NaN where records lack `token_ms`
+    (peers, older files)."""
+    if "token_ms" not in g or "token_ms" not in vanilla:
+        return float("nan")
+    van = {(q, r): t for q, r, t in zip(vanilla.question_id, vanilla.repeat, vanilla.token_ms) if isinstance(t, list)}
+    mine, theirs = [], []
+    for q, r, t in zip(g.question_id, g.repeat, g.token_ms):
+        v = van.get((q, r))
+        n = min(len(t), len(v)) if isinstance(t, list) and v is not None else 0
+        if n and t[n - 1] > 0 and v[n - 1] > 0:
+            mine.append(n / t[n - 1])
+            theirs.append(n / v[n - 1])
+    return sum(mine) / sum(theirs) if mine else float("nan")
+
+
 def summarize(df: "pandas.DataFrame") -> "pandas.DataFrame":
     """Per-category and overall rows per method (Spec-Bench speed.py conventions). `questions`
     counts distinct questions; `repeats` the repeats seen; `speedup_std` (sample std, NaN for one
@@ -105,7 +126,7 @@ def summarize(df: "pandas.DataFrame") -> "pandas.DataFrame":
                       "speedup_min": min(per) if per else float("nan"),
                       "speedup_max": max(per) if per else float("nan")}
             rows.append({"category": cat, "method": method, "questions": int(g.question_id.nunique()),
-                         "tokens_per_s": speed,
+                         "tokens_per_s": speed, "speedup_same_length": same_length_speedup(g, vanilla),
                          "mean_accepted": float(g.committed.sum() / g.steps.sum()) if g.steps.sum() else 1.0,
                          "exact_match_rate": float(g.matches_vanilla.mean()),
                          "lossless_rate": float(g.lossless.mean()),
@@ -120,6 +141,30 @@ def summarize(df: "pandas.DataFrame") -> "pandas.DataFrame":
     out.insert(4, "speedup_vs_vanilla", [r["tokens_per_s"] / vanilla_speed[r["category"]]
                                          if vanilla_speed.get(r["category"]) else float("nan") for r in rows])
     return out
+
+
+def compare_runs(before: "pandas.DataFrame", after: "pandas.DataFrame") -> "pandas.DataFrame":
+    """Two bench runs' records (e.g. `--compile off` then `on`): per category (and overall) and
+    method in both, `ratio` = mean tokens/s after / before (Spec-Bench's ratio of means) and
+    `ratio_same_length` (each question and repeat at the length both runs' outputs reach,
+    `same_length_speedup`)."""
+    import pandas as pd
+
+    rows = []
+    before, after = (d.assign(repeat=d["repeat"].fillna(0).astype(int) if "repeat" in d else 0) for d in (before, after))
+    cats = [c for c in CATEGORIES if c in set(after.category) & set(before.category)]
+    for cat in cats + ["overall"]:
+        b = before if cat == "overall" else before[before.category == cat]
+        a = after if cat == "overall" else after[after.category == cat]
+        for method in dict.fromkeys(a.method):
+            ga, gb = a[a.method == method], b[b.method == method]
+            if gb.empty:
+                continue
+            rows.append({"category": cat, "method": method, "before_tokens_per_s": float(gb.tokens_per_s.mean()),
+                         "after_tokens_per_s": float(ga.tokens_per_s.mean()),
+                         "ratio": float(ga.tokens_per_s.mean() / gb.tokens_per_s.mean()),
+                         "ratio_same_length": same_length_speedup(ga, gb)})
+    return pd.DataFrame(rows)
 
 
 #: Draft depths whose acceptance the summary reports (accept_at_depth_1 ..).
@@ -169,6 +214,7 @@ def _branching(g) -> float:
 
 
 SUMMARY_COLUMNS = {"questions": "{:.0f}", "tokens_per_s": "{:.1f}", "speedup_vs_vanilla": "{:.2f}x",
+                   "speedup_same_length": "{:.2f}x",
                    "mean_accepted": "{:.2f}", "exact_match_rate": "{:.2f}", "lossless_rate": "{:.2f}",
                    "rouge_l_vs_vanilla": "{:.2f}", "nll_ratio": "{:.3f}", "retrieval_step_share": "{:.2f}",
                    "trigger_rate": "{:.2f}", "relaxed_per_token": "{:.3f}", "trie_branching": "{:.2f}",
@@ -192,7 +238,8 @@ def spread_text(row) -> str:
 
 def speedup_matrix_markdown(summary: "pandas.DataFrame") -> str:
     """Categories x methods: speedup over vanilla with the mean accepted length in brackets (and,
-    with several repeats, the per-repeat spread: ±std [min–max])."""
+    with several repeats, the per-repeat spread: ±std [min–max]); where the same-length speedup
+    reads differently to two decimals, it follows as "= 0.97x at equal length"."""
     repeated = _repeated(summary)
     methods = list(dict.fromkeys(summary.method))
     lines = ["| category | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
@@ -201,8 +248,11 @@ def speedup_matrix_markdown(summary: "pandas.DataFrame") -> str:
         for m in methods:
             r = summary[(summary.category == cat) & (summary.method == m)]
             spread = "" if r.empty or not repeated else " " + spread_text(r.iloc[0])
+            same = r.iloc[0].get("speedup_same_length", float("nan")) if not r.empty else float("nan")
+            at_length = (f" = {same:.2f}x at equal length"
+                         if same == same and f"{same:.2f}" != f"{r.iloc[0].speedup_vs_vanilla:.2f}" else "")
             cells.append("" if r.empty else f"{r.iloc[0].speedup_vs_vanilla:.2f}x{spread.rstrip()} "
-                                            f"({r.iloc[0].mean_accepted:.2f})")
+                                            f"({r.iloc[0].mean_accepted:.2f}){at_length}")
         lines.append(f"| {cat} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

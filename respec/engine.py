@@ -64,7 +64,7 @@ class Prefill:
 
 
 def _step_trace(step: int, proposal: Proposal, verdict: Verdict, numbers: StepNumbers,
-                draft_ms: float, verify_ms: float, candidates: Sequence[Candidate]) -> StepTrace:
+                draft_ms: float, verify_ms: float, candidates: Sequence[Candidate], at_ms: float) -> StepTrace:
     """The step's record, with its per-step metrics, from the numbers read back after the forward."""
     path = list(verdict.path)
     tree = proposal.tree
@@ -74,7 +74,7 @@ def _step_trace(step: int, proposal: Proposal, verdict: Verdict, numbers: StepNu
                      new_tokens=tuple(new_tokens), entropies=tuple(numbers.entropies[i] for i in path),
                      margins=tuple(numbers.margins[i] for i in path), node_ranks=node_ranks, node_probs=node_probs,
                      draft_ms=draft_ms, verify_ms=verify_ms, decision=proposal.decision,
-                     candidates=tuple(c.to_dict() for c in candidates))
+                     candidates=tuple(c.to_dict() for c in candidates), at_ms=at_ms)
 
 
 class Engine:
@@ -136,6 +136,7 @@ class Engine:
     def stream(self, prompt: Sequence[int]) -> Iterator[StepTrace]:
         """The only decoding loop. Yields one StepTrace per target forward after the prefill."""
         self._prefill = None
+        t_start = time.perf_counter()          # each step's at_ms counts from here
         prompt = [int(t) for t in prompt]
         self.check_prompt(prompt)
         gen = torch.Generator(device="cpu").manual_seed(self.config.sampling.seed)
@@ -187,7 +188,8 @@ class Engine:
                                                         verify_ms=verify_ms))
             # 3.7 Report the step.
             trace = _step_trace(step, proposal, verdict, numbers, draft_ms, verify_ms,
-                                proposal.candidates if feedback is None else feedback)
+                                proposal.candidates if feedback is None else feedback,
+                                (time.perf_counter() - t_start) * 1000)
             yield trace
             step += 1
             # 3.8 Stop at a stop token or at max_new_tokens (the last step may overshoot: truncated).

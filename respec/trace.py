@@ -46,6 +46,7 @@ class StepTrace:
     candidates: tuple[dict, ...] = ()        # Candidate.to_dict() records (respec/drafters/base.py)
     node_ranks: tuple[int, ...] = ()        # [n + 1] target rank of each node's token after its parent (root 0)
     node_probs: tuple[float, ...] = ()      # [n + 1] target probability of each node's token (root 1.0)
+    at_ms: float = 0.0                      # ms from the run's start (its prefill included) to this step's report
 
     @property
     def num_accepted(self) -> int:
@@ -62,7 +63,7 @@ class StepTrace:
                 "draft_ms": self.draft_ms, "verify_ms": self.verify_ms,
                 "decision": None if self.decision is None else _decision_to_dict(self.decision),
                 "candidates": [dict(c) for c in self.candidates],
-                "node_ranks": list(self.node_ranks), "node_probs": list(self.node_probs)}
+                "node_ranks": list(self.node_ranks), "node_probs": list(self.node_probs), "at_ms": self.at_ms}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> StepTrace:
@@ -75,7 +76,8 @@ class StepTrace:
                    decision=None if dec is None else _decision_from_dict(dec),
                    candidates=tuple(dict(c) for c in d.get("candidates", ())),
                    node_ranks=tuple(int(x) for x in d.get("node_ranks", ())),
-                   node_probs=tuple(float(x) for x in d.get("node_probs", ())))
+                   node_probs=tuple(float(x) for x in d.get("node_probs", ())),
+                   at_ms=float(d.get("at_ms", 0.0)))
 
 
 def _decision_to_dict(dec: Decision) -> dict:
@@ -293,6 +295,8 @@ def validate_result(r: GenerationResult) -> None:
                 raise TraceFormatError(f"step {i}: {name} needs one entry per tree node")
         if s.verdict.num_relaxed > s.num_accepted:
             raise TraceFormatError(f"step {i}: more relaxed than accepted tokens")
+        if not math.isfinite(s.at_ms) or s.at_ms < 0:
+            raise TraceFormatError(f"step {i}: at_ms must be a non-negative number, got {s.at_ms}")
         expected.extend(s.new_tokens)
     if r.steps and r.tokens and r.steps[0].tree.tokens[0] != r.tokens[0]:
         raise TraceFormatError("the first step's root is not the first generated token")

@@ -46,7 +46,7 @@ def test_summary_maths_on_hand_made_records():
     overall = s.loc[("overall", "vanilla")]
     assert overall.tokens_per_s == pytest.approx((10 + 5 + 4) / 3) and overall.speedup_vs_vanilla == 1.0
     md = summary_table_markdown(summarize(pd.DataFrame(records)))
-    assert "| qa | sam | 2 | 15.0 | 2.00x | 2.00 |" in md
+    assert "| qa | sam | 2 | 15.0 | 2.00x |  | 2.00 |" in md, "no token times: the same-length cell stays empty"
     assert rag.trie_branching != rag.trie_branching, "Records without the branching counts: no figure (NaN)."
 
 
@@ -103,6 +103,58 @@ def test_peers_are_measured_like_our_methods_and_match_vanilla(tmp_path):
     for name in ("summary.csv", "summary.md", "speedup.html", "acceptance.html", "run.json"):
         assert (tmp_path / "out" / name).stat().st_size > 0
     assert "Speedup over vanilla" in (tmp_path / "out" / "speedup.html").read_text()
+    for r in recs:      # when each token was there (peers excepted): one time per token, never decreasing
+        if r["method"] in PEERS:
+            assert "token_ms" not in r
+            continue
+        assert len(r["token_ms"]) == r["new_tokens"] and r["token_ms"] == sorted(r["token_ms"])
+        assert 0 < r["token_ms"][-1] <= r["wall_s"] * 1000 + 0.1
+    assert greedy.speedup_same_length != greedy.speedup_same_length, "a peer has no token times: NaN"
+    sam = summary[(summary.method == "sam") & (summary.category == "overall")].iloc[0]
+    assert sam.speedup_same_length > 0
+
+
+def _timed(qid, method, token_ms, repeat=0):
+    n = len(token_ms)
+    return {**_rec(qid, "rag", method, new=n, wall=token_ms[-1] / 1000, steps=n, committed=n),
+            "token_ms": token_ms, "repeat": repeat}
+
+
+def test_outputs_of_different_lengths_are_compared_at_the_length_they_share():
+    """A 300 ms prefill, then vanilla writes 10 tokens 10 ms apart; eagle2's output (a bf16 tie
+    taken the other way) stops after 3, each 5 ms apart. Spec-Bench's ratio of tokens/s charges
+    eagle2 the whole prefill over 3 tokens; at the 3 tokens both reach, eagle2 is the faster."""
+    vanilla = [300.0 + 10 * i for i in range(10)]
+    eagle = [300.0, 305.0, 310.0]
+    s = summarize(pd.DataFrame([_timed(1, "vanilla", vanilla), _timed(1, "eagle2", eagle)])).set_index(
+        ["category", "method"]).loc[("rag", "eagle2")]
+    assert s.speedup_vs_vanilla == pytest.approx((3 / 0.310) / (10 / 0.390))
+    assert s.speedup_same_length == pytest.approx((3 / 310) / (3 / 320))
+    # equal lengths: the two ratios agree (a ratio of means over questions and repeats)
+    recs = [_timed(1, "vanilla", [100.0, 200.0]), _timed(1, "sam", [50.0, 100.0]),
+            _timed(2, "vanilla", [10.0, 20.0, 40.0]), _timed(2, "sam", [10.0, 20.0, 30.0]),
+            _timed(1, "vanilla", [100.0, 250.0], repeat=1), _timed(1, "sam", [50.0, 125.0], repeat=1)]
+    s = summarize(pd.DataFrame(recs)).set_index(["category", "method"]).loc[("rag", "sam")]
+    assert s.speedup_same_length == pytest.approx(s.speedup_vs_vanilla)
+    # records without token times (older files): NaN, not a number made up
+    old = summarize(pd.DataFrame([_rec(1, "qa", "vanilla", new=4, wall=1.0, steps=4, committed=4),
+                                  _rec(1, "qa", "sam", new=4, wall=0.5, steps=2, committed=4)]))
+    assert old.speedup_same_length.iloc[-1] != old.speedup_same_length.iloc[-1]
+
+
+def test_two_runs_are_compared_per_category_and_method_at_equal_length():
+    from respec.bench_report import compare_runs
+    eager = pd.DataFrame([_timed(1, "vanilla", [300.0 + 40 * i for i in range(10)]),
+                          _timed(1, "eagle2", [300.0 + 40 * i for i in range(6)])])
+    compiled = pd.DataFrame([_timed(1, "vanilla", [300.0 + 20 * i for i in range(10)]),
+                             _timed(1, "eagle2", [300.0 + 20 * i for i in range(10)])])
+    t = compare_runs(eager, compiled).set_index(["category", "method"])
+    assert list(t.index) == [("rag", "vanilla"), ("rag", "eagle2"), ("overall", "vanilla"), ("overall", "eagle2")]
+    assert t.loc[("rag", "vanilla")].ratio == pytest.approx((10 / 0.480) / (10 / 0.660))
+    assert t.loc[("rag", "vanilla")].ratio_same_length == pytest.approx(t.loc[("rag", "vanilla")].ratio)
+    # eagle2's eager output was shorter: at its 6 tokens the compiled run took 400 ms against 500
+    assert t.loc[("rag", "eagle2")].ratio_same_length == pytest.approx(500 / 400)
+    assert t.loc[("rag", "eagle2")].ratio == pytest.approx((10 / 0.480) / (6 / 0.500))
 
 
 def test_a_rerun_skips_finished_records_and_redoes_a_cut_one(tmp_path, monkeypatch):
@@ -120,7 +172,7 @@ def test_a_rerun_skips_finished_records_and_redoes_a_cut_one(tmp_path, monkeypat
     _, third = _bench(tmp_path, ["vanilla", "sam"])
     assert calls == [QUESTIONS[-1].question_id], "only the cut record reruns"
     assert [json.loads(x)["tokens"] for x in path.read_text().splitlines()] == [json.loads(x)["tokens"] for x in lines]
-    timing = ["tokens_per_s", "speedup_vs_vanilla", "speedup_std", "speedup_min", "speedup_max",
+    timing = ["tokens_per_s", "speedup_vs_vanilla", "speedup_same_length", "speedup_std", "speedup_min", "speedup_max",
               "step_cost", "verify_ms_per_forward", "draft_ms_per_forward", "other_ms_per_forward"]
     pd.testing.assert_frame_equal(first.drop(columns=timing), third.drop(columns=timing))
 

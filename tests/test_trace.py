@@ -34,6 +34,18 @@ def test_invariants(result):
     assert len(result.token_entropies()) == len(result.tokens) == len(result.token_sources())
 
 
+def test_steps_carry_when_they_were_reported(result):
+    """at_ms: ms from the run's start, after the prefill and never decreasing; a trace written
+    before the field existed loads with 0."""
+    times = [s.at_ms for s in result.steps]
+    assert times[0] >= result.prefill_ms and times == sorted(times)
+    assert times[-1] <= result.wall_time_s * 1000
+    d = json.loads(result_to_json(result))
+    for step in d["steps"]:
+        step.pop("at_ms")
+    assert all(s.at_ms == 0.0 for s in result_from_json(json.dumps(d)).steps)
+
+
 def _mutate(result, fn):
     d = json.loads(result_to_json(result))
     fn(d)
@@ -50,6 +62,7 @@ def _mutate(result, fn):
     ("bad settings", lambda d: d["config"].update(max_new_tokens=-4)),
     ("missing field", lambda d: d.pop("steps")),
     ("negative time", lambda d: d.update(wall_time_s=-1.0)),
+    ("negative step time", lambda d: d["steps"][0].update(at_ms=-1.0)),
 ])
 def test_inconsistent_traces_are_rejected(result, name, fn):
     with pytest.raises(TraceFormatError):
