@@ -203,6 +203,17 @@ def run_peer_question(runner, q: Question, method: str, max_new_tokens: int) -> 
 
 RUN_FILE = "run.json"
 RESULTS_FILE = "results.jsonl"
+MACHINE_FILE = "machine.json"     # what this (last) run ran on; not part of the identity a resume checks
+
+
+def _machine(runner) -> dict[str, Any]:
+    """The machine and the forward as this run found them: respec.models.devices.machine_summary,
+    compiled or eager, and the load's linear plan (which can differ from load to load)."""
+    from respec.models.devices import machine_summary
+    layouts = getattr(runner.target, "linear_layouts", None)
+    return {**machine_summary(runner.target.device),
+            "forward": "compiled" if getattr(runner.target, "compiled", False) else "eager",
+            "linear_layout": layouts.describe() if layouts is not None else ""}
 
 
 def _run_identity(runner, base: EngineConfig) -> dict[str, Any]:
@@ -293,6 +304,7 @@ def run_bench(runner, questions: list[Question], methods: list[str], base: Engin
     done = _resume_records(out_dir, identity, fresh)
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_dir / RUN_FILE, json.dumps(identity, indent=1))
+    atomic_write_text(out_dir / MACHINE_FILE, json.dumps(_machine(runner), indent=1, default=str))
     by_key = {(r["question_id"], r["method"], r.setdefault("repeat", 0)): r for r in done}
     tol = gap_tolerance(str(runner.target.dtype))
     engine = [m for m in methods if m not in PEERS]

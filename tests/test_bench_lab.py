@@ -100,8 +100,11 @@ def test_peers_are_measured_like_our_methods_and_match_vanilla(tmp_path):
                for r in pld)
     greedy = summary[(summary.method == "hf-greedy") & (summary.category == "overall")].iloc[0]
     assert greedy.mean_accepted == pytest.approx(1.0), "hf-greedy: one token per forward"
-    for name in ("summary.csv", "summary.md", "speedup.html", "acceptance.html", "run.json"):
+    for name in ("summary.csv", "summary.md", "speedup.html", "acceptance.html", "run.json", "machine.json"):
         assert (tmp_path / "out" / name).stat().st_size > 0
+    machine = json.loads((tmp_path / "out" / "machine.json").read_text())
+    assert machine["forward"] == "eager" and machine["torch_threads"] >= 1 and isinstance(machine["cpu_flags"], list)
+    assert machine["linear_layout"].startswith("linear layout")
     assert "Speedup over vanilla" in (tmp_path / "out" / "speedup.html").read_text()
     for r in recs:      # when each token was there (peers excepted): one time per token, never decreasing
         if r["method"] in PEERS:

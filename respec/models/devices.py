@@ -12,6 +12,9 @@ Contract:
   every visible GPU (device_map="auto"); a model that would not fit on the GPUs together raises ModelLoadError
   before any weight is read (CPU/disk offload is refused; see respec/models/compat.py `check_placement`).
   None on CPU (load in place).
+- `machine_summary(device)`: what a benchmark ran on (CPU model name, its cores, torch's threads,
+  the instruction sets that decide bf16 speed, `ONEDNN_MAX_CPU_ISA`, the GPU's name), for a results
+  folder's machine.json.
 
 Pure functions over torch's view of the machine; nothing runs at import time, transformers is imported lazily.
 """
@@ -58,6 +61,37 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     elif dev.type == "mps" and not torch.backends.mps.is_available():
         raise ConfigError(f"Device {device!r} was asked for, but MPS is not available here.")
     return dev
+
+
+_CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_tile", "bf16", "asimd")
+_ENV = ("ONEDNN_MAX_CPU_ISA", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def _cpu_info() -> tuple[str, list[str]]:
+    """(model name, this CPU's flags among _CPU_FLAGS) from /proc/cpuinfo; ("", []) where unreadable."""
+    import platform
+    name, flags = platform.processor(), set()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and value.strip():
+                name = value.strip()
+            elif key.strip() in ("flags", "Features"):
+                flags.update(value.split())
+    return name, [f for f in _CPU_FLAGS if f in flags]
+
+
+def machine_summary(device: torch.device) -> dict[str, Any]:
+    """What a measurement ran on: CPU model name and flags, logical cores, torch's intra-op threads,
+    the environment settings that change kernels or threads, torch's version, and for CUDA the GPU."""
+    import os
+    name, flags = _cpu_info()
+    out: dict[str, Any] = {"cpu": name, "cpu_flags": flags, "logical_cores": os.cpu_count(),
+                           "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+                           "env": {k: os.environ[k] for k in _ENV if k in os.environ}}
+    if device.type == "cuda":
+        out["gpu"] = torch.cuda.get_device_name(device)
+    return out
 
 
 def cpu_supports_bf16() -> bool:
