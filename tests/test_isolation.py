@@ -16,7 +16,7 @@ B = [40, 41, 42, 43, 44, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51]
 def _comparable(result):
     d = result_to_dict(result)
     for s in d["steps"]:
-        s.pop("draft_ms"), s.pop("verify_ms")
+        s.pop("draft_ms"), s.pop("verify_ms"), s.pop("at_ms")
         for key in ("cost",):          # the cost model reads wall-clock times
             (s.get("decision") or {}).get("extra", {}).pop(key, None)
     for key in ("wall_time_s", "prefill_ms", "stats"):
