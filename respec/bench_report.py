@@ -103,13 +103,18 @@ def same_length_speedup(g: "pandas.DataFrame", vanilla: "pandas.DataFrame") -> f
     return sum(mine) / sum(theirs) if mine else float("nan")
 
 
+def _with_repeat(df: "pandas.DataFrame") -> "pandas.DataFrame":
+    """Records with an integer `repeat` (absent in older files, read as 0)."""
+    return df.assign(repeat=df["repeat"].fillna(0).astype(int) if "repeat" in df else 0)
+
+
 def summarize(df: "pandas.DataFrame") -> "pandas.DataFrame":
     """Per-category and overall rows per method (Spec-Bench speed.py conventions). `questions`
     counts distinct questions; `repeats` the repeats seen; `speedup_std` (sample std, NaN for one
     repeat), `speedup_min`, `speedup_max` spread the per-repeat speedups (`repeat_speedups`)."""
     import pandas as pd
 
-    df = df.assign(repeat=df["repeat"].fillna(0).astype(int) if "repeat" in df else 0)
+    df = _with_repeat(df)
     rows = []
     vanilla_speed: dict[str, float] = {}
     groups = [(c, df[df.category == c]) for c in [c for c in CATEGORIES if c in set(df.category)]]
@@ -151,7 +156,7 @@ def compare_runs(before: "pandas.DataFrame", after: "pandas.DataFrame") -> "pand
     import pandas as pd
 
     rows = []
-    before, after = (d.assign(repeat=d["repeat"].fillna(0).astype(int) if "repeat" in d else 0) for d in (before, after))
+    before, after = _with_repeat(before), _with_repeat(after)
     cats = [c for c in CATEGORIES if c in set(after.category) & set(before.category)]
     for cat in cats + ["overall"]:
         b = before if cat == "overall" else before[before.category == cat]

@@ -67,8 +67,9 @@ _CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_
 _ENV = ("ONEDNN_MAX_CPU_ISA", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
-def _cpu_info() -> tuple[str, list[str]]:
-    """(model name, this CPU's flags among _CPU_FLAGS) from /proc/cpuinfo; ("", []) where unreadable."""
+def _cpu_info() -> tuple[str, set[str]]:
+    """(model name, every flag) from /proc/cpuinfo (x86 "flags", Arm "Features"); where it cannot
+    be read, platform.processor()'s name and no flags."""
     import platform
     name, flags = platform.processor(), set()
     with contextlib.suppress(OSError):
@@ -78,7 +79,7 @@ def _cpu_info() -> tuple[str, list[str]]:
                 name = value.strip()
             elif key.strip() in ("flags", "Features"):
                 flags.update(value.split())
-    return name, [f for f in _CPU_FLAGS if f in flags]
+    return name, flags
 
 
 def machine_summary(device: torch.device) -> dict[str, Any]:
@@ -86,7 +87,7 @@ def machine_summary(device: torch.device) -> dict[str, Any]:
     the environment settings that change kernels or threads, torch's version, and for CUDA the GPU."""
     import os
     name, flags = _cpu_info()
-    out: dict[str, Any] = {"cpu": name, "cpu_flags": flags, "logical_cores": os.cpu_count(),
+    out: dict[str, Any] = {"cpu": name, "cpu_flags": [f for f in _CPU_FLAGS if f in flags], "logical_cores": os.cpu_count(),
                            "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
                            "env": {k: os.environ[k] for k in _ENV if k in os.environ}}
     if device.type == "cuda":
@@ -102,14 +103,7 @@ def cpu_supports_bf16() -> bool:
             with contextlib.suppress(Exception):
                 if probe():
                     return True
-    with contextlib.suppress(OSError):
-        text = Path("/proc/cpuinfo").read_text(errors="replace")
-        flags = set()
-        for line in text.splitlines():
-            if line.startswith(("flags", "Features")):
-                flags.update(line.split(":", 1)[-1].split())
-        return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
-    return False
+    return bool(_cpu_info()[1] & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device, model_type: str = "") -> torch.dtype:
