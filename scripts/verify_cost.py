@@ -3,7 +3,9 @@ context of C cached tokens (the same measurement `tree.auto` uses), and its rati
 the machine's measured memory bandwidth and matmul throughput (a few seconds of torch operations,
 respec/models/roofline.py) and, per size, the roofline bound they imply (weights and cached keys and
 values read once / bandwidth, or FLOPs / throughput, whichever is larger) and the forward's distance
-from it (`--no-bound` skips this part).
+from it; then the same at the read bandwidth (a large tensor summed: a forward reads its weights and
+writes next to nothing, so on a machine where reads alone run slower than a copy the first bound
+asks for more than the memory can give). `--no-bound` skips this part.
 
     .venv/bin/python scripts/verify_cost.py [--model default] [--context 768] [--dtype float32] [--compile both]
 """
@@ -60,6 +62,7 @@ def print_bound(target, curve: dict[int, float], context: int) -> None:
     limits = measure_machine(target.device, target.dtype)
     profile = target_profile(target)
     print(f"\nmachine: memory bandwidth {limits.bandwidth_gbs:.1f} GB/s (copy, read + write), "
+          f"{limits.read_gbs:.1f} GB/s read (a sum), "
           f"{limits.dtype} matmul {limits.matmul_gflops:.0f} GFLOP/s; model: {profile.weight_bytes / 1e6:.0f} MB "
           f"of weights, {profile.kv_bytes_per_token / 1e3:.1f} kB of keys/values per cached token")
     bounds = {n: forward_bound(profile, limits, n, context) for n in curve}
@@ -69,6 +72,9 @@ def print_bound(target, curve: dict[int, float], context: int) -> None:
     print("| bound by | " + " | ".join("memory" if b["memory_ms"] >= b["compute_ms"] else "compute"
                                        for b in bounds.values()) + " |")
     print("| x bound | " + " | ".join(f"{curve[n] / bounds[n]['bound_ms']:.2f}" for n in curve) + " |")
+    if all("read_bound_ms" in b for b in bounds.values()):     # the same bytes at the read bandwidth
+        print("| read bound ms | " + " | ".join(f"{b['read_bound_ms']:.1f}" for b in bounds.values()) + " |")
+        print("| x read bound | " + " | ".join(f"{curve[n] / bounds[n]['read_bound_ms']:.2f}" for n in curve) + " |")
 
 
 if __name__ == "__main__":

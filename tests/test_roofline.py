@@ -24,6 +24,18 @@ def test_the_bound_is_the_larger_of_memory_and_compute_time():
     assert one["bound_ms"] == one["memory_ms"]
     many = forward_bound(prof, lim, n=512, context=0)
     assert many["compute_ms"] > many["memory_ms"] and many["bound_ms"] == many["compute_ms"]
+    assert "read_bound_ms" not in one                      # no read bandwidth measured: no read bound
+
+
+def test_the_read_bound_moves_the_same_bytes_at_the_read_bandwidth():
+    prof = TargetProfile(weight_bytes=270_000_000, kv_bytes_per_token=100_000, flops_per_token=270_000_000,
+                         attn_flops_per_ctx=10_000)
+    lim = MachineLimits(bandwidth_gbs=40.0, matmul_gflops=100.0, dtype="bfloat16", read_gbs=20.0)
+    one = forward_bound(prof, lim, n=1, context=255)
+    # 295.6 MB at 40 GB/s (copy) = 7.39 ms, at 20 GB/s (read) = 14.78 ms; compute 2.73 ms
+    assert one["bound_ms"] == pytest.approx(7.39) and one["read_bound_ms"] == pytest.approx(14.78)
+    many = forward_bound(prof, lim, n=512, context=0)
+    assert many["read_bound_ms"] == many["compute_ms"] == many["bound_ms"]
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
@@ -42,7 +54,7 @@ def test_the_profile_counts_weights_once_and_the_keys_and_values_of_every_layer(
 
 def test_machine_limits_are_measured_positive_numbers():
     lim = measure_machine("cpu", torch.float32, copy_mib=8, matmul_n=128, rounds=2)
-    assert lim.bandwidth_gbs > 0 and lim.matmul_gflops > 0 and lim.dtype == "float32"
+    assert lim.bandwidth_gbs > 0 and lim.read_gbs > 0 and lim.matmul_gflops > 0 and lim.dtype == "float32"
 
 
 def test_verify_cost_prints_the_bound_rows_for_a_measured_curve(capsys):
@@ -56,3 +68,4 @@ def test_verify_cost_prints_the_bound_rows_for_a_measured_curve(capsys):
     assert "memory bandwidth" in out
     rows = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in out.splitlines() if line.startswith("| ")}
     assert len(rows["bound ms"]) == len(curve) and all(float(v) > 0 for v in rows["x bound"])
+    assert len(rows["read bound ms"]) == len(curve) and all(float(v) > 0 for v in rows["x read bound"])

@@ -1,10 +1,14 @@
 """How far a target forward is from what the machine can physically do (issue 31, "Know the limit").
 
 Contract:
-- `measure_machine(device, dtype)` times two torch operations for a few seconds and returns a
+- `measure_machine(device, dtype)` times three torch operations for a few seconds and returns a
   `MachineLimits`: memory bandwidth (a large tensor copy, bytes read + written per second, the
-  fastest of several rounds) and matmul throughput in `dtype` (a square matmul large enough to be
-  compute-bound, FLOP/s, the fastest of several rounds).
+  fastest of several rounds), read bandwidth (the same tensor summed: bytes read per second, the
+  traffic of a forward, which reads its weights and writes next to nothing) and matmul throughput
+  in `dtype` (a square matmul large enough to be compute-bound, FLOP/s, the fastest of several
+  rounds). The two bandwidths differ by machine: on a 2-core AMD EPYC Zen 4 VM (session 40) a
+  copy ran at 34-43 GB/s and a sum at 31 GB/s, and the compiled one-token forward's GEMVs at
+  28-35 GB/s each (torch.profiler with inductor's kernel profiling, a throwaway script).
 - `forward_bound(model_bytes, kv_bytes_per_token, flops_per_token, ...)` is a pure function: the
   roofline time of one forward of n new tokens after `context` cached ones = max(bytes moved /
   bandwidth, FLOPs / throughput), where bytes moved = every weight once + the cached keys/values
@@ -26,6 +30,7 @@ class MachineLimits:
     bandwidth_gbs: float        # GB/s of a large copy, read + write counted
     matmul_gflops: float        # GFLOP/s of a large square matmul in `dtype`
     dtype: str
+    read_gbs: float = 0.0       # GB/s of a large tensor summed (read only); 0: not measured
 
 
 @dataclass(frozen=True)
@@ -51,14 +56,20 @@ def measure_machine(device: torch.device | str = "cpu", dtype: torch.dtype = tor
     """Bandwidth and matmul throughput of this machine, measured now (a few seconds)."""
     device = torch.device(device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    src = torch.empty(copy_mib * 2 ** 20, dtype=torch.uint8, device=device).fill_(1)
+    src = torch.ones(copy_mib * 2 ** 18, dtype=torch.float32, device=device)      # copy_mib MiB
     dst = torch.empty_like(src)
 
     def copy():
         dst.copy_(src)
         sync()
 
+    def read():
+        src.sum()
+        sync()
+
     t_copy = _fastest(copy, rounds)
+    t_read = _fastest(read, rounds)
+    nbytes = src.numel() * src.element_size()
     a = torch.randn(matmul_n, matmul_n, device=device).to(dtype)
     b = torch.randn(matmul_n, matmul_n, device=device).to(dtype)
 
@@ -67,8 +78,8 @@ def measure_machine(device: torch.device | str = "cpu", dtype: torch.dtype = tor
         sync()
 
     t_mm = _fastest(mm, rounds)
-    return MachineLimits(bandwidth_gbs=2 * src.numel() / t_copy / 1e9,
-                         matmul_gflops=2 * matmul_n ** 3 / t_mm / 1e9, dtype=str(dtype).replace("torch.", ""))
+    return MachineLimits(bandwidth_gbs=2 * nbytes / t_copy / 1e9, matmul_gflops=2 * matmul_n ** 3 / t_mm / 1e9,
+                         dtype=str(dtype).replace("torch.", ""), read_gbs=nbytes / t_read / 1e9)
 
 
 def target_profile(target) -> TargetProfile:
@@ -93,9 +104,14 @@ def target_profile(target) -> TargetProfile:
 
 def forward_bound(profile: TargetProfile, limits: MachineLimits, n: int, context: int) -> dict[str, float]:
     """Roofline milliseconds of one forward of n new tokens after `context` cached ones:
-    {"memory_ms", "compute_ms", "bound_ms" (the larger)}."""
+    {"memory_ms", "compute_ms", "bound_ms" (the larger)}, at the copy bandwidth; with a measured
+    read bandwidth also "read_memory_ms" and "read_bound_ms", the same bytes at that rate."""
     moved = profile.weight_bytes + profile.kv_bytes_per_token * (context + n)
     flops = n * (profile.flops_per_token + profile.attn_flops_per_ctx * (context + n))
     memory_ms = moved / (limits.bandwidth_gbs * 1e9) * 1e3
     compute_ms = flops / (limits.matmul_gflops * 1e9) * 1e3
-    return {"memory_ms": memory_ms, "compute_ms": compute_ms, "bound_ms": max(memory_ms, compute_ms)}
+    out = {"memory_ms": memory_ms, "compute_ms": compute_ms, "bound_ms": max(memory_ms, compute_ms)}
+    if limits.read_gbs > 0:
+        out["read_memory_ms"] = moved / (limits.read_gbs * 1e9) * 1e3
+        out["read_bound_ms"] = max(out["read_memory_ms"], compute_ms)
+    return out
