@@ -6,9 +6,10 @@ Contract:
   fastest of several rounds), read bandwidth (the same tensor summed: bytes read per second, the
   traffic of a forward, which reads its weights and writes next to nothing) and matmul throughput
   in `dtype` (a square matmul large enough to be compute-bound, FLOP/s, the fastest of several
-  rounds). The two bandwidths differ by machine: on a 2-core AMD EPYC Zen 4 VM (session 40) a
-  copy ran at 34-43 GB/s and a sum at 31 GB/s, and the compiled one-token forward's GEMVs at
-  28-35 GB/s each (torch.profiler with inductor's kernel profiling, a throwaway script).
+  rounds). Which bandwidth is lower depends on the machine and the moment: on a 2-core AMD EPYC
+  Zen 4 VM (session 40) one throwaway run gave a copy 34.2 GB/s and a sum 31.2 GB/s (the compiled
+  one-token forward's GEMVs then ran at 28-35 GB/s each), and `scripts/verify_cost.py` an hour
+  later 51.3 and 54.4 GB/s.
 - `forward_bound(model_bytes, kv_bytes_per_token, flops_per_token, ...)` is a pure function: the
   roofline time of one forward of n new tokens after `context` cached ones = max(bytes moved /
   bandwidth, FLOPs / throughput), where bytes moved = every weight once + the cached keys/values
