@@ -87,9 +87,9 @@ def machine_summary(device: torch.device) -> dict[str, Any]:
     the environment settings that change kernels or threads, torch's version, and for CUDA the GPU."""
     import os
     name, flags = _cpu_info()
-    out: dict[str, Any] = {"cpu": name, "cpu_flags": [f for f in _CPU_FLAGS if f in flags], "logical_cores": os.cpu_count(),
-                           "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-                           "env": {k: os.environ[k] for k in _ENV if k in os.environ}}
+    out: dict[str, Any] = {"cpu": name, "cpu_flags": [f for f in _CPU_FLAGS if f in flags],
+                           "logical_cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                           "torch": torch.__version__, "env": {k: os.environ[k] for k in _ENV if k in os.environ}}
     if device.type == "cuda":
         out["gpu"] = torch.cuda.get_device_name(device)
     return out
