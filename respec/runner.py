@@ -217,6 +217,7 @@ class Runner:
                 "linear_layout": layouts.describe() if (layouts := getattr(self.target, "linear_layouts", None)) else "",
                 "head_output_layer": self.head.output_layer_routes(),
                 "static_buckets": list(getattr(self.target, "buckets", ())),
+                "eager_from_rows": getattr(self.target, "eager_from", None),
                 "method": config.method, "seed": config.sampling.seed,
                 "prompt": prompt, "torch": torch.__version__, "transformers": transformers.__version__,
                 "python": platform.python_version()}

@@ -39,6 +39,9 @@ def pair():
     eager = make_target("llama", dtype=torch.float32)
     compiled = make_target("llama", dtype=torch.float32)      # same seed: the same weights
     compiled.enable_compile(progress=False)
+    # the tests below check the symbolic-row graph: larger trees stay compiled whatever this
+    # machine measured (graph_choice.choose_eager_from; test_larger_trees_run_eagerly_... checks that)
+    compiled._eager_from = None
     return eager, compiled
 
 
@@ -69,6 +72,7 @@ def test_no_recompilation_after_warm_up_across_mixed_tree_sizes():
     (one token, chains, branching trees, over grown caches)."""
     compiled = make_target("llama", dtype=torch.float32)
     compiled.enable_compile(progress=False)
+    compiled._eager_from = None                               # the symbolic graph too (see `pair`)
     rng = random.Random(1)
     compiled.prefill(PROMPT[:9])
     before = compile_count()
@@ -175,10 +179,12 @@ def test_trees_padded_to_a_static_bucket_equal_the_unpadded_forward(monkeypatch)
     through the symbolic graph; chains and branching trees alike give the eager logits, hidden states and numbers,
     the cache holds only the real rows, and nothing compiles after the warm-up."""
     monkeypatch.setenv("RESPEC_PAD_ROWS", "4,8")
+    monkeypatch.setenv("RESPEC_EAGER_FROM", "off")            # larger trees: the symbolic graph
     eager = make_target("llama", dtype=torch.float32)
     compiled = make_target("llama", dtype=torch.float32)
     compiled.enable_compile(progress=False)
     assert compiled._buckets == (4, 8) and compiled.bucket_choice == {}, "forced: not re-measured"
+    assert compiled.eager_from is None and compiled.eager_choice is None, "forced off: not measured"
     assert compiled.describe_buckets() == "compiled trees padded to static graphs of 4, 8 rows"
     rng = random.Random(4)
     eager.prefill(PROMPT)
@@ -211,7 +217,8 @@ def test_trees_padded_to_a_static_bucket_equal_the_unpadded_forward(monkeypatch)
 def test_choose_buckets_keeps_a_bucket_only_where_padding_beats_the_symbolic_graph_at_its_fewest_rows():
     """Pure, on given times: each bucket is judged at the fewest rows it would serve (3, or one
     more than the last bucket kept); a dropped bucket's rows fall to the next one, judged from there."""
-    from respec.models.compiled import BUCKET_MARGIN, bucket_edges, bucket_for, bucket_spans, choose_buckets
+    from respec.models.compiled import bucket_edges, bucket_for, bucket_spans
+    from respec.models.graph_choice import BUCKET_MARGIN, choose_buckets
     asked = []
 
     def times(table):
@@ -234,6 +241,76 @@ def test_choose_buckets_keeps_a_bucket_only_where_padding_beats_the_symbolic_gra
     assert bucket_edges((4, 8)) == (3, 4, 5, 8, 9) and bucket_edges((16,)) == (3, 16, 17) and bucket_edges(()) == ()
     assert bucket_edges((), two_rows=True) == (3,) and bucket_edges((4, 8), two_rows=True) == (3, 4, 5, 8, 9)
     assert bucket_spans((4, 8)) == ((3, 4), (5, 8)) and bucket_spans((16,)) == ((3, 16),) and bucket_spans(()) == ()
+
+
+def test_choose_eager_from_sends_larger_trees_eagerly_only_where_eager_is_clearly_faster(monkeypatch):
+    """Pure, on given times: judged once, at the symbolic graph's fewest rows; eager must take
+    under EAGER_MARGIN of the symbolic graph's ms (session 41: 1,171 ms compiled against ~150 eager
+    at 9 rows, bf16 without bf16 instructions). RESPEC_EAGER_FROM forces it either way."""
+    from respec.models.graph_choice import EAGER_MARGIN, choose_eager_from, forced_eager_from
+    asked = []
+
+    def times(symbolic, eager):
+        def time_pair(rows):
+            asked.append(rows)
+            return symbolic, eager
+        return time_pair
+    assert choose_eager_from(9, times(1170.8, 150.0)) == (9, (9, 1170.8, 150.0)) and asked == [9]
+    assert choose_eager_from(3, times(30.0, 45.0)) == (None, (3, 30.0, 45.0))
+    assert choose_eager_from(9, times(30.0, 29.0)) == (None, (9, 30.0, 29.0)), "barely faster: stays compiled"
+    assert choose_eager_from(9, times(30.0, 20.0), margin=0.5)[0] is None and 0.5 < EAGER_MARGIN < 1.0
+    monkeypatch.delenv("RESPEC_EAGER_FROM", raising=False)
+    assert forced_eager_from() == ""
+    for value, want in (("off", None), ("OFF", None), ("12", 12), (" 9 ", 9)):
+        monkeypatch.setenv("RESPEC_EAGER_FROM", value)
+        assert forced_eager_from() == want
+    for bad in ("1", "nine", "-3"):
+        monkeypatch.setenv("RESPEC_EAGER_FROM", bad)
+        with pytest.raises(ValueError, match="RESPEC_EAGER_FROM"):
+            forced_eager_from()
+
+
+def test_larger_trees_run_eagerly_where_measured_or_forced_and_equal_the_compiled_results(monkeypatch):
+    """Trees of eager_from rows and more take the eager forward and output layer (no compiled
+    graph, nothing compiled after the warm-up); smaller ones the compiled graphs; every size gives
+    the eager logits, hidden states and numbers, and a greedy method still equals vanilla. Unforced,
+    the choice is measured at warm-up and recorded (which way it goes is the machine's business;
+    the record must agree with EAGER_MARGIN)."""
+    from respec.models.graph_choice import EAGER_MARGIN
+    monkeypatch.delenv("RESPEC_EAGER_FROM", raising=False)
+    measured = make_target("llama", dtype=torch.float32)
+    measured.enable_compile(progress=False)
+    rows, symbolic, eager_ms = measured.eager_choice
+    assert rows == max(measured.buckets, default=2) + 1 and symbolic > 0 and eager_ms > 0
+    assert measured.eager_from == (rows if eager_ms < EAGER_MARGIN * symbolic else None)
+    assert f"{rows} rows: {symbolic:.1f} ms compiled against {eager_ms:.1f} eager" in measured.describe_buckets()
+    monkeypatch.setenv("RESPEC_EAGER_FROM", "9")
+    eager = make_target("llama", dtype=torch.float32)
+    compiled = make_target("llama", dtype=torch.float32)
+    compiled.enable_compile(progress=False)
+    assert compiled.eager_from == 9 and compiled.eager_choice is None
+    assert [compiled.runs_compiled(n) for n in (1, 2, 8, 9, 33)] == [True, True, True, False, False]
+    assert not eager.runs_compiled(1)
+    rng = random.Random(7)
+    eager.prefill(PROMPT)
+    compiled.prefill(PROMPT)
+    before = compile_count()
+    for n in (9, 1, 33, 4, 12, 2, 8, 20):
+        tree = random_tree(rng, n, eager.vocab_size)
+        a, b = eager.forward_tree(tree), compiled.forward_tree(tree)
+        torch.testing.assert_close(b.logits, a.logits, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(b.hidden, a.hidden, rtol=1e-4, atol=1e-4)
+        assert (b.numbers is None) == (n >= 9), "the eager output layer leaves the numbers to the engine"
+        if b.numbers is not None:
+            assert read_number_table(b.numbers).top1 == read_numbers(tree, b.logits).top1
+        path = kept_path(tree, rng)
+        eager.keep(path)
+        compiled.keep(path)
+        assert eager.kv_len == compiled.kv_len == compiled.cache.get_seq_length()
+    assert compile_count() == before
+    out = run(compiled, "vanilla", PROMPT, max_new_tokens=30)
+    drafter = OracleDrafter(out.tokens, len(PROMPT), "partial", compiled.vocab_size, seed=5)
+    assert run(compiled, "eagle2", PROMPT, drafter=drafter, max_new_tokens=30).tokens == out.tokens
 
 
 def test_tree_buckets_defaults_and_the_forcing_variable(monkeypatch):
@@ -270,7 +347,8 @@ def test_tree_buckets_defaults_and_the_forcing_variable(monkeypatch):
 def test_the_default_float32_buckets_are_measured_at_warm_up_and_kept_only_where_faster(pair):
     """The tiny float32 model compiles with FLOAT32_BUCKETS and keeps what `choose_buckets` found
     faster on this machine (which ones is the machine's business; the record must agree with it)."""
-    from respec.models.compiled import BUCKET_MARGIN, FLOAT32_BUCKETS
+    from respec.models.compiled import FLOAT32_BUCKETS
+    from respec.models.graph_choice import BUCKET_MARGIN
     _, compiled = pair
     choice = compiled.bucket_choice
     assert choice and set(choice) <= set(FLOAT32_BUCKETS) and min(choice) == FLOAT32_BUCKETS[0]

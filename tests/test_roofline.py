@@ -55,6 +55,24 @@ def test_the_profile_counts_weights_once_and_the_keys_and_values_of_every_layer(
 def test_machine_limits_are_measured_positive_numbers():
     lim = measure_machine("cpu", torch.float32, copy_mib=8, matmul_n=128, rounds=2)
     assert lim.bandwidth_gbs > 0 and lim.read_gbs > 0 and lim.matmul_gflops > 0 and lim.dtype == "float32"
+    assert lim.dtype_gflops == lim.matmul_gflops
+
+
+def test_the_bound_takes_float32_throughput_where_the_dtypes_own_matmul_is_slower():
+    """bf16 on a CPU without bf16 instructions (session 41: 0.3 GFLOP/s, a one-token bound of 940
+    ms against a 20 ms forward): the arithmetic could run in float32, so the bound uses the faster
+    of the two; the dtype's own rate is kept beside it. Which is faster is this machine's business."""
+    lim = measure_machine("cpu", torch.bfloat16, copy_mib=8, matmul_n=128, rounds=2)
+    assert lim.dtype == "bfloat16" and lim.dtype_gflops > 0 and lim.matmul_gflops >= lim.dtype_gflops
+    from respec.models import roofline
+    rates = {torch.bfloat16: 0.3, torch.float32: 170.0}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(roofline, "_matmul_gflops", lambda device, dtype, *a, **k: rates[dtype])
+        slow = measure_machine("cpu", torch.bfloat16, copy_mib=8, rounds=1)
+        rates[torch.bfloat16] = 400.0
+        native = measure_machine("cpu", torch.bfloat16, copy_mib=8, rounds=1)
+    assert (slow.matmul_gflops, slow.dtype_gflops) == (170.0, 0.3)
+    assert (native.matmul_gflops, native.dtype_gflops) == (400.0, 400.0)
 
 
 def test_verify_cost_prints_the_bound_rows_for_a_measured_curve(capsys):

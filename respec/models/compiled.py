@@ -9,9 +9,12 @@ Contract:
   counts that holds them (`tree_buckets`: 16 on a CPU with AMX in bf16, 4 in bf16 on other CPUs
   with a bf16 oneDNN path, 4 and 8 in float32 on the CPU and in bf16 where oneDNN has no bf16
   path, each kept only if the machine runs it faster,
-  `choose_buckets`), each such graph with the same options (`pad_rows`: the extra rows see only
+  respec/models/graph_choice.py `choose_buckets`), each such graph with the same options (`pad_rows`: the extra rows see only
   the prefix and themselves and leave the cache after the call), and the symbolic-row graph
-  serves larger ones. All are compiled with dynamic shapes from the start (`dynamic=True`; a
+  serves larger ones, unless the eager forward runs them faster on this machine
+  (graph_choice.py `choose_eager_from`: then trees past the buckets run eagerly, output layer included; bf16 on a
+  CPU without bf16 instructions, where the symbolic graph took 1.2 s for 9 rows against ~0.15 s
+  eager, session 41). All are compiled with dynamic shapes from the start (`dynamic=True`; a
   one-row dimension stays specialised), so each graph compiles once for any tree size, context
   length and cache capacity. Left to dynamo's automatic dynamic shapes, every new size
   recompiled the 30-layer graph once more, and a first answer on the default model stalled three
@@ -184,11 +187,6 @@ def pad_one_token(kwargs: dict) -> dict:
 
 FLOAT32_BUCKETS = (4, 8)   # the float32 CPU default (tree_buckets); each kept only if measured faster
 BF16_BUCKETS = (4,)        # the bfloat16 default on a CPU without AMX (tree_buckets), kept only if faster
-# a bucket is kept where, at the fewest rows it serves (its worst case), its padded graph takes under
-# 95% of the symbolic one's time (the fastest of 5 interleaved rounds each). At 0.9 the default
-# model's 8-row graph was dropped on a 2-core AMD EPYC Zen 3 (float32, session 29) at 34.4 ms for 5
-# rows padded against 37.5 unpadded (0.92), though padded it cost 34.4 ms at 8 rows against 44.0
-BUCKET_MARGIN = 0.95
 
 
 def tree_buckets(device: torch.device, dtype: torch.dtype) -> tuple[int, ...]:
@@ -287,26 +285,6 @@ def bucket_edges(buckets: tuple[int, ...], two_rows: bool = False) -> tuple[int,
     if buckets:
         edges |= {n for span in bucket_spans(buckets) for n in span} | {buckets[-1] + 1}
     return tuple(sorted(edges))
-
-
-def choose_buckets(buckets: tuple[int, ...], time_pair: Callable[[int, int], tuple[float, float]],
-                   margin: float = BUCKET_MARGIN) -> tuple[tuple[int, ...], dict[int, tuple[int, float, float]]]:
-    """The buckets worth keeping, in ascending order, and what decided each: {bucket: (rows,
-    padded ms, symbolic ms)}. `time_pair(bucket, rows)` times a forward of `rows` rows padded to
-    `bucket` and unpadded (symbolic). Each bucket is judged at the fewest rows it would serve (3,
-    or one more than the last bucket kept), where padding costs most: kept only if its padded
-    forward takes under `margin` of the symbolic one's; a bucket dropped leaves its rows to the
-    next. Pure given `time_pair` (tests pass given times)."""
-    kept, why, lo = [], {}, 3
-    for b in sorted(buckets):
-        if b < lo:
-            continue
-        padded, symbolic = time_pair(b, lo)
-        why[b] = (lo, padded, symbolic)
-        if padded < margin * symbolic:
-            kept.append(b)
-            lo = b + 1
-    return tuple(kept), why
 
 
 def branching_tree(n: int):

@@ -34,9 +34,10 @@ from transformers import DynamicCache
 
 from respec.models.base import TargetOutput
 from respec.models.compat import cache_kwarg, check_placement, check_transformers, cuda_devices
-from respec.models.compiled import (branching_tree, bucket_edges, bucket_for, choose_buckets, compile_base,
-                                    compile_logits, first_rows, forced_buckets, one_row_as_two, one_row_options,
-                                    pad_one_token, pad_rows, tree_buckets, warm_up)
+from respec.models.compiled import (branching_tree, bucket_edges, bucket_for, compile_base, compile_logits, first_rows,
+                                    forced_buckets, one_row_as_two, one_row_options, pad_one_token, pad_rows,
+                                    tree_buckets, warm_up)
+from respec.models.graph_choice import choose_buckets, choose_eager_from, forced_eager_from
 from respec.models.attention import additive_mask, use_tree_attention
 from respec.models.linear_layout import LinearLayouts, linear_layouts
 from respec.models.kv import reserve, slab_cache
@@ -86,6 +87,8 @@ class HFTarget:
         self._two_rows = False                                # compiled two-token chains have a static graph
         self._buckets: tuple[int, ...] = ()                   # compiled forwards of 3+ rows padded to these
         self.bucket_choice: dict[int, tuple[int, float, float]] = {}   # what kept or dropped each (choose_buckets)
+        self._eager_from: int | None = None                   # compiled forwards of this many rows+ run eagerly
+        self.eager_choice: tuple[int, float, float] | None = None   # what decided it (choose_eager_from)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -176,9 +179,9 @@ class HFTarget:
         no growth happens inside the graph."""
         self._captured.clear()
         forward, padded, extra = self._base, False, -1
-        if compiled and self._compiled is not None:
+        rows = int(kwargs["input_ids"].shape[1])
+        if compiled and self.runs_compiled(rows):
             # float32 with MKL: a one-token step runs as a two-token chain (compiled.one_row_as_two)
-            rows = int(kwargs["input_ids"].shape[1])
             padded = self._pad_one and rows == 1 and kwargs.get("attention_mask") is None
             if padded:
                 kwargs = pad_one_token(kwargs)
@@ -209,6 +212,16 @@ class HFTarget:
     def compiled(self) -> bool:
         return self._compiled is not None
 
+    def runs_compiled(self, rows: int) -> bool:
+        """Whether a step forward of `rows` rows runs through the compiled graphs (else eagerly:
+        no compile, or a tree past the buckets where the eager forward measured faster)."""
+        return self._compiled is not None and (self._eager_from is None or rows < self._eager_from)
+
+    @property
+    def eager_from(self) -> int | None:
+        """Compiled trees of this many rows and more run eagerly (graph_choice.choose_eager_from); None: never."""
+        return self._eager_from
+
     @property
     def buckets(self) -> tuple[int, ...]:
         """The static row counts compiled forwards of 3+ rows are padded to (compiled.tree_buckets)."""
@@ -229,7 +242,13 @@ class HFTarget:
         seconds = warm_up(self, progress=progress, pause=pause)
         if self._buckets and forced_buckets() is None:      # defaults are checked on this machine
             self._buckets, self.bucket_choice = choose_buckets(self._buckets, self._bucket_timer(pause))
-        if progress and (self._buckets or self.bucket_choice):
+        first = max(self._buckets, default=2) + 1            # the symbolic graph's fewest rows
+        forced = forced_eager_from()
+        if forced != "":
+            self._eager_from = forced
+        elif first <= self.context_length // 2:             # room for it after the timing prefill
+            self._eager_from, self.eager_choice = choose_eager_from(first, self._eager_timer(pause))
+        if progress:
             print(self.describe_buckets(), file=sys.stderr)
         return seconds
 
@@ -238,30 +257,48 @@ class HFTarget:
         measured = "; ".join(f"{b} rows: {rows} padded {padded:.1f} ms against {symbolic:.1f} unpadded, "
                              + ("kept" if b in self._buckets else "dropped")
                              for b, (rows, padded, symbolic) in self.bucket_choice.items())
-        return (f"compiled trees padded to static graphs of {', '.join(map(str, self._buckets)) or 'none'} rows"
+        text = (f"compiled trees padded to static graphs of {', '.join(map(str, self._buckets)) or 'none'} rows"
                 + (f" ({measured})" if measured else ""))
+        if self.eager_choice is not None:
+            rows, symbolic, eager = self.eager_choice
+            text += (f"; larger trees run {'eagerly' if self._eager_from else 'compiled'} ({rows} rows: "
+                     f"{symbolic:.1f} ms compiled against {eager:.1f} eager)")
+        return text
 
     def _bucket_timer(self, pause=None):
         """choose_buckets' `time_pair`: ms of a branching tree forward of `rows` rows padded to
-        `bucket` and unpadded, at a 256-token context in a scratch cache, the fastest of 5
-        interleaved rounds after one untimed call each (`pause`: called before each round)."""
+        `bucket` and unpadded (`_fastest_ways`)."""
         def time_pair(bucket: int, rows: int) -> tuple[float, float]:
-            tree = branching_tree(rows)
-            saved, best = self._buckets, {(bucket,): float("inf"), (): float("inf")}
-            try:
-                with torch.inference_mode(), self._prefilled_scratch(min(256, self.context_length // 2)):
-                    for r in range(6):
-                        if pause is not None:
-                            pause()
-                        for way in best:
-                            self._buckets = way
-                            ms = self._timed_tree(tree)
-                            if r:                       # the first call of a shape pays allocation
-                                best[way] = min(best[way], ms)
-            finally:
-                self._buckets = saved
-            return best[(bucket,)], best[()]
+            return self._fastest_ways(rows, "_buckets", [(bucket,), ()], pause)
         return time_pair
+
+    def _eager_timer(self, pause=None):
+        """choose_eager_from's `time_pair`: ms of a branching tree forward of `rows` rows through the
+        symbolic-row graph and eagerly (`_fastest_ways`)."""
+        def time_pair(rows: int) -> tuple[float, float]:
+            return self._fastest_ways(rows, "_eager_from", [None, rows], pause)
+        return time_pair
+
+    def _fastest_ways(self, rows: int, setting: str, ways: list, pause=None) -> tuple[float, ...]:
+        """ms of a branching tree forward of `rows` rows with this target's `setting` set to each
+        of `ways` in turn, at a 256-token context in a scratch cache: the fastest of 5 interleaved
+        rounds after one untimed call each (`pause`: called before each round); the setting is
+        restored after."""
+        tree = branching_tree(rows)
+        saved, best = getattr(self, setting), [float("inf")] * len(ways)
+        try:
+            with torch.inference_mode(), self._prefilled_scratch(min(256, self.context_length // 2)):
+                for r in range(6):
+                    if pause is not None:
+                        pause()
+                    for i, way in enumerate(ways):
+                        setattr(self, setting, way)
+                        ms = self._timed_tree(tree)
+                        if r:                       # the first call of a shape pays allocation
+                            best[i] = min(best[i], ms)
+        finally:
+            setattr(self, setting, saved)
+        return tuple(best)
 
     def twin(self) -> "HFTarget":
         """Another target over the same weights, with its own cache and nothing compiled: a
@@ -280,6 +317,7 @@ class HFTarget:
             raise ValueError("adopt_compiled takes a compiled twin of this target (HFTarget.twin, enable_compile)")
         self._pad_one, self._two_rows = twin._pad_one, twin._two_rows
         self._buckets, self.bucket_choice = twin._buckets, twin.bucket_choice
+        self._eager_from, self.eager_choice = twin._eager_from, twin.eager_choice
         self._compiled_logits = twin._compiled_logits
         self._compiled = twin._compiled
         self._cost_curves.clear()
@@ -321,7 +359,7 @@ class HFTarget:
         head_device = self._head.weight.device
         tokens, parents = ids.to(head_device), parents.to(head_device)                # [n], [n]
         table = None
-        if self._compiled_logits is not None:   # with the verification numbers fused: [n, V], [n, 7]
+        if self._compiled_logits is not None and self.runs_compiled(n):   # numbers fused: [n, V], [n, 7]
             logits, table = self._compiled_logits(hidden.to(head_device), tokens, parents)
         else:
             with self.linear_layouts.active(n):

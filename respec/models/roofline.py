@@ -6,7 +6,11 @@ Contract:
   fastest of several rounds), read bandwidth (the same tensor summed: bytes read per second, the
   traffic of a forward, which reads its weights and writes next to nothing) and matmul throughput
   in `dtype` (a square matmul large enough to be compute-bound, FLOP/s, the fastest of several
-  rounds). Which bandwidth is lower depends on the machine and the moment: on a 2-core AMD EPYC
+  rounds; sized down where the dtype runs slowly, so a round stays well under a second), or
+  float32's where that is faster: the arithmetic a forward could do on this machine (a CPU
+  without bf16 instructions computes bf16 in float32 anyway; on a 2-core AMD EPYC Zen 3, session
+  41, torch's bf16 matmul ran at 0.3 GFLOP/s, which made the bound of a one-token forward 940 ms
+  against the 20 ms it took). Which bandwidth is lower depends on the machine and the moment: on a 2-core AMD EPYC
   Zen 4 VM (session 40) one throwaway run gave a copy 34.2 GB/s and a sum 31.2 GB/s (the compiled
   one-token forward's GEMVs then ran at 28-35 GB/s each), and `scripts/verify_cost.py` an hour
   later 51.3 and 54.4 GB/s.
@@ -29,9 +33,10 @@ import torch
 @dataclass(frozen=True)
 class MachineLimits:
     bandwidth_gbs: float        # GB/s of a large copy, read + write counted
-    matmul_gflops: float        # GFLOP/s of a large square matmul in `dtype`
+    matmul_gflops: float        # GFLOP/s of a large square matmul: `dtype`'s, or float32's where faster
     dtype: str
     read_gbs: float = 0.0       # GB/s of a large tensor summed (read only); 0: not measured
+    dtype_gflops: float = 0.0   # `dtype`'s own matmul GFLOP/s (matmul_gflops unless float32 ran faster)
 
 
 @dataclass(frozen=True)
@@ -71,16 +76,29 @@ def measure_machine(device: torch.device | str = "cpu", dtype: torch.dtype = tor
     t_copy = _fastest(copy, rounds)
     t_read = _fastest(read, rounds)
     nbytes = src.numel() * src.element_size()
-    a = torch.randn(matmul_n, matmul_n, device=device).to(dtype)
-    b = torch.randn(matmul_n, matmul_n, device=device).to(dtype)
+    own = _matmul_gflops(device, dtype, matmul_n, rounds, sync)
+    fp32 = own if dtype == torch.float32 else _matmul_gflops(device, torch.float32, matmul_n, rounds, sync)
+    return MachineLimits(bandwidth_gbs=2 * nbytes / t_copy / 1e9, matmul_gflops=max(own, fp32),
+                         dtype=str(dtype).replace("torch.", ""), read_gbs=nbytes / t_read / 1e9, dtype_gflops=own)
 
-    def mm():
-        torch.mm(a, b)
-        sync()
 
-    t_mm = _fastest(mm, rounds)
-    return MachineLimits(bandwidth_gbs=2 * nbytes / t_copy / 1e9, matmul_gflops=2 * matmul_n ** 3 / t_mm / 1e9,
-                         dtype=str(dtype).replace("torch.", ""), read_gbs=nbytes / t_read / 1e9)
+def _matmul_gflops(device: torch.device, dtype: torch.dtype, n: int, rounds: int, sync,
+                   budget_s: float = 0.25) -> float:
+    """GFLOP/s of an n x n x n matmul in `dtype` (the fastest of `rounds`), n halved until a 256-wide
+    probe says one call takes under `budget_s`."""
+    def rate(size: int, reps: int) -> float:
+        a = torch.randn(size, size, device=device).to(dtype)
+        b = torch.randn(size, size, device=device).to(dtype)
+
+        def mm():
+            torch.mm(a, b)
+            sync()
+        return 2 * size ** 3 / _fastest(mm, reps) / 1e9
+
+    probe = rate(min(256, n), 1)
+    while n > 256 and 2 * n ** 3 / (probe * 1e9) > budget_s:
+        n //= 2
+    return max(probe, rate(n, rounds))
 
 
 def target_profile(target) -> TargetProfile:
