@@ -38,18 +38,27 @@ def compiled_pair(request):
     target.enable_compile(progress=False)
     eager_head, head = _head(kind, target), _head(kind, target)    # same seed: the same weights
     seconds = head.enable_compile(target, progress=False)
+    # the tests below check the symbolic-row graphs: larger calls stay compiled whatever this machine
+    # measured (CompiledHead.choose_eager; test_head_calls_past_the_small_rows_run_eagerly_... checks that)
+    head._compiled.eager_from = None
     return target, eager_head, head, seconds
 
 
 def test_compiled_head_equals_eager_for_catch_ups_and_trees_over_a_growing_cache(compiled_pair):
     target, eager_head, head, _ = compiled_pair
     assert head._compiled is not None and eager_head._compiled is None
-    width = head.fc.in_features // (1 if head.feature_layers is not None else 2)
-    g = torch.Generator().manual_seed(0)
-    caches = slab_cache(head.config), slab_cache(head.config)
     # (rows, tree mask?): a first catch-up, one-row and tree steps, a feed past the first capacity
-    for q, masked in [(20, False), (1, False), (3, False), (4, True), (1, True), (INITIAL_CAPACITY, False),
-                      (2, False), (5, True)]:
+    _assert_calls_equal(target, eager_head, head, [(20, False), (1, False), (3, False), (4, True), (1, True),
+                                                   (INITIAL_CAPACITY, False), (2, False), (5, True)], seed=0)
+
+
+def _assert_calls_equal(target, eager_head, head, plan, seed: int) -> None:
+    """Feed both heads the same random calls, (rows, tree mask?) each, over caches of their own:
+    the same features [q, H] and draft logits [q, V], and the caches grow alike."""
+    width = head.fc.in_features // (1 if head.feature_layers is not None else 2)
+    g = torch.Generator().manual_seed(seed)
+    caches = slab_cache(head.config), slab_cache(head.config)
+    for q, masked in plan:
         kv = caches[0].get_seq_length()
         with torch.inference_mode():      # as the drafter calls it
             emb = target.embed(torch.randint(3, target.vocab_size, (q,), generator=g))      # [q, H]
@@ -237,3 +246,33 @@ def test_greedy_eagle2_equals_vanilla_with_the_output_layer_routed_eagerly(compi
             assert run(target, "eagle2", PROMPT, head=head, max_new_tokens=40, **overrides).tokens == ref.tokens
     finally:
         compiled.routes = saved
+
+
+def test_head_calls_past_the_small_rows_run_eagerly_where_measured_or_forced(monkeypatch):
+    """CompiledHead.choose_eager (at the warm-up's end): unforced, the choice is timed at the symbolic
+    graph's fewest rows and recorded (which way it goes is the machine's business; the record must
+    agree with EAGER_MARGIN); with RESPEC_EAGER_FROM=5, calls of 5 rows and more and their draft
+    logits (past the measured routes) run eagerly and equal the eager head, nothing compiles after
+    the warm-up, and greedy eagle2 still equals vanilla."""
+    from respec.drafters.head_compile import SMALL_ROWS
+    from respec.models.graph_choice import EAGER_MARGIN
+    monkeypatch.delenv("RESPEC_EAGER_FROM", raising=False)
+    target = make_target("llama", dtype=torch.float32)
+    target.enable_compile(progress=False)
+    measured = _head("eagle", target)
+    measured.enable_compile(target, progress=False)
+    rows, compiled_ms, eager_ms = measured._compiled.eager_choice
+    assert rows == SMALL_ROWS + 1 and compiled_ms > 0 and eager_ms > 0
+    assert measured._compiled.eager_from == (rows if eager_ms < EAGER_MARGIN * compiled_ms else None)
+    assert f"{rows} rows: {compiled_ms:.1f} ms compiled" in measured._compiled.describe_routes()
+    monkeypatch.setenv("RESPEC_EAGER_FROM", "5")
+    eager_head, head = _head("eagle", target), _head("eagle", target)
+    head.enable_compile(target, progress=False)
+    assert head._compiled.eager_from == 5 and head._compiled.eager_choice is None
+    assert "head calls of 5 rows and more eager" in head.output_layer_routes()
+    before = compile_count()
+    _assert_calls_equal(target, eager_head, head, [(20, False), (1, False), (4, True), (6, True),
+                                                   (INITIAL_CAPACITY, False), (5, False), (3, False)], seed=2)
+    assert compile_count() == before
+    out = run(target, "vanilla", PROMPT, max_new_tokens=20)
+    assert run(target, "eagle2", PROMPT, head=head, max_new_tokens=20).tokens == out.tokens

@@ -13,7 +13,10 @@ Contract:
   C++ micro-GEMM against oneDNN, each linear timed at compile time): on the default model (bf16,
   2-core AMD EPYC Zen 4, session 35, a throwaway script over a 200-row cache) a head call of 1-4
   rows took 0.50-0.70 ms against 1.16-1.28 ms in the symbolic-row graph, for a warm-up of 119 s
-  against 33 s. Larger calls keep the symbolic-row graph.
+  against 33 s. Larger calls keep the symbolic-row graph, unless eager calls measured clearly
+  faster at the end of the warm-up (`choose_eager`, graph_choice.choose_eager_from): bf16 on a CPU
+  without bf16 instructions, where 17 rows took 82.6 ms compiled against 18.4 eager (session 41);
+  then calls of SMALL_ROWS + 1 rows and more, and their draft logits, run eagerly.
 - `CompiledHead.forward` serves calls over a cache that already holds rows; over an empty cache
   (the head's first catch-up of a prompt, the probe's scratch window) the first row runs eagerly,
   so lazy buffer creation never enters a graph, and the rest of a causal feed through the graph
@@ -107,6 +110,8 @@ class CompiledHead:
     routes: dict = dataclasses.field(default_factory=dict)   # rows -> one of ROUTES
     weight_t: torch.Tensor | None = None   # [H, V or Vd]: the layer's weight, transposed and contiguous
     small_fn: Trusted | None = None   # calls of up to SMALL_ROWS rows, their rows static (None: forward_fn)
+    eager_from: int | None = None     # calls of this many rows and more run eagerly (`choose_eager`)
+    eager_choice: tuple[int, float, float] | None = None   # what decided it: (rows, compiled ms, eager ms)
 
     @classmethod
     def of(cls, head, target) -> "CompiledHead":
@@ -141,6 +146,9 @@ class CompiledHead:
         # contiguous inputs: a graph guards on strides, and the search passes expanded features
         args = (emb.contiguous(), feat.contiguous(), positions.contiguous(), cache,
                 None if mask is None else mask.contiguous())
+        if self.eager_from is not None and emb.shape[0] >= self.eager_from:
+            with self.head._planned():
+                return self.head.eager_forward(*args)
         if self.small_fn is None or emb.shape[0] > SMALL_ROWS:
             return self.forward_fn(*args)
         for t in args[:3]:
@@ -151,8 +159,10 @@ class CompiledHead:
 
     def draft_logits(self, out: torch.Tensor) -> torch.Tensor:
         """out [q, H] -> logits [q, V or Vd] (EagleHead.draft_logits' contract), the way
-        `routes` names for q rows (compiled where nothing was measured)."""
-        return self.run_route(self.routes.get(int(out.shape[0]), "compiled"), out)
+        `routes` names for q rows (where nothing was measured: compiled, or eager from `eager_from` rows)."""
+        q = int(out.shape[0])
+        return self.run_route(self.routes.get(q, "eager" if self.eager_from is not None and q >= self.eager_from
+                                              else "compiled"), out)
 
     def run_route(self, route: str, out: torch.Tensor) -> torch.Tensor:
         """The draft output layer over out [q, H] one given way (ROUTES) -> [q, V or Vd]."""
@@ -203,13 +213,56 @@ class CompiledHead:
             self.weight_t = None            # the copy is kept only where a row count reads it
         return self.routes
 
+    @torch.inference_mode()
+    def choose_eager(self, context: int = 64, rounds: int = 3) -> int | None:
+        """Time one call of the symbolic-row graph's fewest rows (SMALL_ROWS + 1 with small-row graphs,
+        else 2) after `context` cached rows, with its draft logits, compiled and eagerly (the fastest
+        of `rounds` after one untimed call each), and set `eager_from` (graph_choice.choose_eager_from;
+        RESPEC_EAGER_FROM forces it as for the target). bf16 on a CPU without bf16 instructions
+        (session 41): 17 rows took 82.6 ms compiled against 18.4 eager."""
+        from respec.models.graph_choice import choose_eager_from, forced_eager_from
+
+        forced = forced_eager_from()
+        if forced != "":
+            self.eager_from = forced
+            return self.eager_from
+        head, target = self.head, self.target
+        dev, dtype = head.fc.weight.device, head.fc.weight.dtype
+        feat_width = head.fc.in_features // (1 if head.feature_layers is not None else 2)
+        rows = SMALL_ROWS + 1 if self.small_fn is not None else 2
+        n = context + rows
+        emb = target.embed(torch.arange(n, device=dev) % 100)                                   # [n, H]
+        feat = torch.randn(n, feat_width, dtype=dtype, device=dev)                              # [n, F]
+        pos = torch.arange(n, device=dev)
+        cache = slab_cache(head.config)
+        head.feed_context(emb[:context], feat[:context], pos[:context], cache)
+
+        def time_pair(q: int) -> tuple[float, float]:
+            best = {None: float("inf"), q: float("inf")}
+            for r in range(rounds + 1):
+                for way in best:
+                    self.eager_from = way
+                    t0 = time.perf_counter()
+                    self.draft_logits(self.forward(emb[context:], feat[context:], pos[context:], cache, None))
+                    if r:                               # the first call of a shape pays allocation
+                        best[way] = min(best[way], (time.perf_counter() - t0) * 1000)
+                    cache.crop(-q)
+            return best[None], best[q]
+
+        self.eager_from, self.eager_choice = choose_eager_from(rows, time_pair)
+        return self.eager_from
+
     def describe_routes(self) -> str:
         """One line: which row counts the draft output layer runs eagerly, and how."""
         eager = {r: w for r, w in self.routes.items() if w != "compiled"}
-        if not eager:
-            return "draft output layer: compiled at every row count"
-        return "draft output layer: " + ", ".join(f"{r} rows {w}" for r, w in sorted(eager.items())) + \
-            "; compiled otherwise"
+        text = ("draft output layer: compiled at every row count" if not eager else "draft output layer: "
+                + ", ".join(f"{r} rows {w}" for r, w in sorted(eager.items())) + "; compiled otherwise")
+        if self.eager_from is not None:
+            text += f"; head calls of {self.eager_from} rows and more eager"
+        if self.eager_choice is not None:
+            rows, compiled, eager_ms = self.eager_choice
+            text += f" ({rows} rows: {compiled:.1f} ms compiled against {eager_ms:.1f} eager)"
+        return text
 
     @torch.inference_mode()
     def warm_up(self, progress: bool = True, pause=None) -> float:
@@ -255,5 +308,6 @@ class CompiledHead:
         for fn in fns:
             fn.trusted = True
         self.measure_routes()        # the output layer's fastest way per row count (module docstring)
+        self.choose_eager()
         head.row_ms(target)          # timed now, on the compiled head: a first request does not pay it
         return time.perf_counter() - t0
