@@ -64,8 +64,8 @@ def print_bound(target, curve: dict[int, float], context: int) -> None:
     print(f"\nmachine: memory bandwidth {limits.bandwidth_gbs:.1f} GB/s (copy, read + write), "
           f"{limits.read_gbs:.1f} GB/s read (a sum), "
           f"{limits.dtype} matmul {limits.dtype_gflops or limits.matmul_gflops:.0f} GFLOP/s"
-          + (f" (float32 {limits.matmul_gflops:.0f}, faster here: the bound's)" if limits.matmul_gflops > limits.dtype_gflops
-             else "") + f"; model: {profile.weight_bytes / 1e6:.0f} MB "
+          + (f" (float32 {limits.matmul_gflops:.0f}, faster here: the bound's)"
+             if limits.matmul_gflops > limits.dtype_gflops else "") + f"; model: {profile.weight_bytes / 1e6:.0f} MB "
           f"of weights, {profile.kv_bytes_per_token / 1e3:.1f} kB of keys/values per cached token")
     bounds = {n: forward_bound(profile, limits, n, context) for n in curve}
     print("| tree tokens | " + " | ".join(str(n) for n in curve) + " |")

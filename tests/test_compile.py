@@ -270,6 +270,20 @@ def test_choose_eager_from_sends_larger_trees_eagerly_only_where_eager_is_clearl
             forced_eager_from()
 
 
+def test_fastest_of_rounds_interleaves_the_ways_and_drops_the_first_round():
+    """Pure: every round runs each way once, in order, after `pause`; the untimed first round
+    (allocation) never counts, so a slow first call cannot decide a choice."""
+    from respec.models.graph_choice import fastest_of_rounds
+    calls, pauses = [], []
+    ms = {"a": iter([1.0, 9.0, 7.0, 8.0]), "b": iter([0.5, 6.0, 5.0, 6.5])}
+
+    def run_ms(way):
+        calls.append(way)
+        return next(ms[way])
+    assert fastest_of_rounds(["a", "b"], run_ms, 3, lambda: pauses.append(len(calls))) == (7.0, 5.0)
+    assert calls == ["a", "b"] * 4 and pauses == [0, 2, 4, 6]
+
+
 def test_larger_trees_run_eagerly_where_measured_or_forced_and_equal_the_compiled_results(monkeypatch):
     """Trees of eager_from rows and more take the eager forward and output layer (no compiled
     graph, nothing compiled after the warm-up); smaller ones the compiled graphs; every size gives

@@ -220,7 +220,7 @@ class CompiledHead:
         of `rounds` after one untimed call each), and set `eager_from` (graph_choice.choose_eager_from;
         RESPEC_EAGER_FROM forces it as for the target). bf16 on a CPU without bf16 instructions
         (session 41): 17 rows took 82.6 ms compiled against 18.4 eager."""
-        from respec.models.graph_choice import choose_eager_from, forced_eager_from
+        from respec.models.graph_choice import choose_eager_from, fastest_of_rounds, forced_eager_from
 
         forced = forced_eager_from()
         if forced != "":
@@ -237,17 +237,16 @@ class CompiledHead:
         cache = slab_cache(head.config)
         head.feed_context(emb[:context], feat[:context], pos[:context], cache)
 
+        def run_ms(way: int | None) -> float:
+            self.eager_from = way
+            t0 = time.perf_counter()
+            self.draft_logits(self.forward(emb[context:], feat[context:], pos[context:], cache, None))
+            ms = (time.perf_counter() - t0) * 1000
+            cache.crop(-rows)
+            return ms
+
         def time_pair(q: int) -> tuple[float, float]:
-            best = {None: float("inf"), q: float("inf")}
-            for r in range(rounds + 1):
-                for way in best:
-                    self.eager_from = way
-                    t0 = time.perf_counter()
-                    self.draft_logits(self.forward(emb[context:], feat[context:], pos[context:], cache, None))
-                    if r:                               # the first call of a shape pays allocation
-                        best[way] = min(best[way], (time.perf_counter() - t0) * 1000)
-                    cache.crop(-q)
-            return best[None], best[q]
+            return fastest_of_rounds([None, q], run_ms, rounds)
 
         self.eager_from, self.eager_choice = choose_eager_from(rows, time_pair)
         return self.eager_from

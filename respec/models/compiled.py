@@ -8,13 +8,13 @@ Contract:
   (trees); trees and chains of 3 rows and more are padded to the smallest of a few static row
   counts that holds them (`tree_buckets`: 16 on a CPU with AMX in bf16, 4 in bf16 on other CPUs
   with a bf16 oneDNN path, 4 and 8 in float32 on the CPU and in bf16 where oneDNN has no bf16
-  path, each kept only if the machine runs it faster,
-  respec/models/graph_choice.py `choose_buckets`), each such graph with the same options (`pad_rows`: the extra rows see only
+  path, each kept only if the machine runs it faster, respec/models/graph_choice.py
+  `choose_buckets`), each such graph with the same options (`pad_rows`: the extra rows see only
   the prefix and themselves and leave the cache after the call), and the symbolic-row graph
   serves larger ones, unless the eager forward runs them faster on this machine
-  (graph_choice.py `choose_eager_from`: then trees past the buckets run eagerly, output layer included; bf16 on a
-  CPU without bf16 instructions, where the symbolic graph took 1.2 s for 9 rows against ~0.15 s
-  eager, session 41). All are compiled with dynamic shapes from the start (`dynamic=True`; a
+  (graph_choice.py `choose_eager_from`: then trees past the buckets run eagerly, output layer
+  included; bf16 on a CPU without bf16 instructions, where the symbolic graph took 1.2 s for 9
+  rows against ~0.15 s eager, session 41). All are compiled with dynamic shapes from the start (`dynamic=True`; a
   one-row dimension stays specialised), so each graph compiles once for any tree size, context
   length and cache capacity. Left to dynamo's automatic dynamic shapes, every new size
   recompiled the 30-layer graph once more, and a first answer on the default model stalled three

@@ -6,7 +6,8 @@ Contract:
 - `choose_buckets(buckets, time_pair)`: the static row counts worth padding trees to.
 - `choose_eager_from(first_rows, time_pair)`: whether trees past the buckets run eagerly instead
   of through the symbolic-row graph; `forced_eager_from()` reads RESPEC_EAGER_FROM.
-Nothing is measured here; the callers pass the timings (tests pass given ones).
+- `fastest_of_rounds(ways, run_ms, rounds)`: how both callers time the ways they compare.
+Nothing is measured by the choices; the callers pass the timings (tests pass given ones).
 """
 from __future__ import annotations
 
@@ -56,6 +57,22 @@ def choose_eager_from(first_rows: int, time_pair: Callable[[int], tuple[float, f
     Pure given `time_pair` (tests pass given times)."""
     symbolic, eager = time_pair(first_rows)
     return (first_rows if eager < margin * symbolic else None), (first_rows, symbolic, eager)
+
+
+def fastest_of_rounds(ways: list, run_ms: Callable[[object], float], rounds: int,
+                      pause: Callable[[], None] | None = None) -> tuple[float, ...]:
+    """The fastest ms of each of `ways` over `rounds` interleaved rounds (`run_ms(way)` runs and
+    times one call that way), after one untimed round (the first call of a shape pays allocation);
+    `pause` is called before each round. Interleaving keeps a machine's drift out of the comparison."""
+    best = [float("inf")] * len(ways)
+    for r in range(rounds + 1):
+        if pause is not None:
+            pause()
+        for i, way in enumerate(ways):
+            ms = run_ms(way)
+            if r:
+                best[i] = min(best[i], ms)
+    return tuple(best)
 
 
 def forced_eager_from() -> int | None | str:

@@ -37,7 +37,7 @@ from respec.models.compat import cache_kwarg, check_placement, check_transformer
 from respec.models.compiled import (branching_tree, bucket_edges, bucket_for, compile_base, compile_logits, first_rows,
                                     forced_buckets, one_row_as_two, one_row_options, pad_one_token, pad_rows,
                                     tree_buckets, warm_up)
-from respec.models.graph_choice import choose_buckets, choose_eager_from, forced_eager_from
+from respec.models.graph_choice import choose_buckets, choose_eager_from, fastest_of_rounds, forced_eager_from
 from respec.models.attention import additive_mask, use_tree_attention
 from respec.models.linear_layout import LinearLayouts, linear_layouts
 from respec.models.kv import reserve, slab_cache
@@ -284,21 +284,16 @@ class HFTarget:
         of `ways` in turn, at a 256-token context in a scratch cache: the fastest of 5 interleaved
         rounds after one untimed call each (`pause`: called before each round); the setting is
         restored after."""
-        tree = branching_tree(rows)
-        saved, best = getattr(self, setting), [float("inf")] * len(ways)
+        tree, saved = branching_tree(rows), getattr(self, setting)
+
+        def run_ms(way) -> float:
+            setattr(self, setting, way)
+            return self._timed_tree(tree)
         try:
             with torch.inference_mode(), self._prefilled_scratch(min(256, self.context_length // 2)):
-                for r in range(6):
-                    if pause is not None:
-                        pause()
-                    for i, way in enumerate(ways):
-                        setattr(self, setting, way)
-                        ms = self._timed_tree(tree)
-                        if r:                       # the first call of a shape pays allocation
-                            best[i] = min(best[i], ms)
+                return fastest_of_rounds(ways, run_ms, 5, pause)
         finally:
             setattr(self, setting, saved)
-        return tuple(best)
 
     def twin(self) -> "HFTarget":
         """Another target over the same weights, with its own cache and nothing compiled: a
