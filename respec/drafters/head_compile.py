@@ -60,6 +60,7 @@ from dataclasses import dataclass
 
 import torch
 
+from respec.models.graph_choice import fastest_of_rounds
 from respec.models.compiled import Trusted, compile_base_settings, one_row_options
 from respec.models.kv import reserve, slab_cache
 from respec.models.linear_layout import MARGIN as ROUTE_MARGIN
@@ -199,15 +200,12 @@ class CompiledHead:
         with torch.inference_mode():
             for q in rows:
                 x = torch.randn(q, width, dtype=self.head.fc.weight.dtype, device=dev)        # [q, H]
-                best = {way: float("inf") for way in ways}
-                for way in ways:
+
+                def run_ms(way: str) -> float:
+                    t0 = time.perf_counter()
                     self.run_route(way, x)
-                for _ in range(rounds):
-                    for way in ways:
-                        t0 = time.perf_counter()
-                        self.run_route(way, x)
-                        best[way] = min(best[way], (time.perf_counter() - t0) * 1000)
-                times[q] = best
+                    return (time.perf_counter() - t0) * 1000
+                times[q] = dict(zip(ways, fastest_of_rounds(ways, run_ms, rounds)))
         self.routes = choose_routes(times)
         if "pretransposed" not in self.routes.values():
             self.weight_t = None            # the copy is kept only where a row count reads it
@@ -220,7 +218,7 @@ class CompiledHead:
         of `rounds` after one untimed call each), and set `eager_from` (graph_choice.choose_eager_from;
         RESPEC_EAGER_FROM forces it as for the target). bf16 on a CPU without bf16 instructions
         (session 41): 17 rows took 82.6 ms compiled against 18.4 eager."""
-        from respec.models.graph_choice import choose_eager_from, fastest_of_rounds, forced_eager_from
+        from respec.models.graph_choice import choose_eager_from, forced_eager_from
 
         forced = forced_eager_from()
         if forced != "":

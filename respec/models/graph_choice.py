@@ -6,7 +6,8 @@ Contract:
 - `choose_buckets(buckets, time_pair)`: the static row counts worth padding trees to.
 - `choose_eager_from(first_rows, time_pair)`: whether trees past the buckets run eagerly instead
   of through the symbolic-row graph; `forced_eager_from()` reads RESPEC_EAGER_FROM.
-- `fastest_of_rounds(ways, run_ms, rounds)`: how both callers time the ways they compare.
+- `fastest_of_rounds(ways, run_ms, rounds)`: how the checks time the ways they compare (also the
+  head's output-layer routes and the verify-cost curve).
 Nothing is measured by the choices; the callers pass the timings (tests pass given ones).
 """
 from __future__ import annotations

@@ -386,13 +386,9 @@ class HFTarget:
         with self._prefilled_scratch(context):
             trees = {n: DraftTree.chain(1, [2 + (i % 50) for i in range(n - 1)], "eagle")
                      for n in missing if n + context <= self.context_length}
-            best = {n: float("inf") for n in trees}
-            for tree in trees.values():
-                self._timed_tree(tree)               # warm-up: first calls of a shape pay allocation
-            for _ in range(max(1, reps)):
-                for n, tree in trees.items():
-                    best[n] = min(best[n], self._timed_tree(tree))
-            curve.update(best)
+            sizes_timed = list(trees)
+            curve.update(zip(sizes_timed, fastest_of_rounds(sizes_timed, lambda n: self._timed_tree(trees[n]),
+                                                            max(1, reps))))
         return {n: curve[n] for n in sizes if n in curve}
 
     @contextlib.contextmanager
