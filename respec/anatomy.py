@@ -23,7 +23,7 @@ Contract:
 - `token_times(result)` -> when each generated token was there: ms from the run's start (the
   prefill's for the first token, the step's `at_ms` for the ones it committed); a bench compares
   methods whose outputs end at different lengths at the length they share
-  (`respec.bench_report.same_length_speedup`).
+  (`respec.lab.report.same_length_speedup`).
 """
 from __future__ import annotations
 

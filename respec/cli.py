@@ -93,7 +93,7 @@ def cmd_generate(args) -> int:
 
 def _questions(args):
     """The Spec-Bench selection of `bench` and `sweep` (--questions, --categories, --split, --limit-per-category)."""
-    from respec.bench import load_questions
+    from respec.lab.bench import load_questions
     cats = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
     if args.limit_per_category is not None and args.limit_per_category < 1:
         raise ConfigError("--limit-per-category must be >= 1")
@@ -101,7 +101,7 @@ def _questions(args):
 
 
 def cmd_bench(args) -> int:
-    from respec.bench import parse_bench_methods, run_bench, speedup_matrix_markdown, summary_table_markdown
+    from respec.lab.bench import parse_bench_methods, run_bench, speedup_matrix_markdown, summary_table_markdown
 
     methods = parse_bench_methods(args.methods)
     if args.repeats < 1:
@@ -123,7 +123,7 @@ def cmd_bench(args) -> int:
 def cmd_sweep(args) -> int:
     from respec.runner import parse_methods
     from respec.config import EngineConfig, starting_settings
-    from respec.sweep import best_point, parse_grid, quality_metric, run_sweep, sweep_markdown
+    from respec.lab.sweep import best_point, parse_grid, quality_metric, run_sweep, sweep_markdown
 
     method = parse_methods(args.method)[0]
     overrides = _overrides(args)

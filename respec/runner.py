@@ -14,10 +14,10 @@ optional) is how RESPEC_MODELS entries and the app's model picker name a target 
 target over the same weights (`HFTarget.twin`), while this runner keeps serving eagerly, then
 installs the graphs between two steps (under `lock`, the app's step lock); `compile_state` says
 where that stands and every result's meta says which forward ran ("forward"). What it buys: the
-app's first answer does not wait minutes of compiling (respec/models/compiled.py).
+app's first answer does not wait minutes of compiling (respec/accel/compiled.py).
 
 Once a runner is built and after each compile it installs, the objects alive are frozen out of the
-garbage collector's full passes (respec/heap.py `settle`), which otherwise stall a request at
+garbage collector's full passes (respec/accel/heap.py `settle`), which otherwise stall a request at
 random (~0.2 s eager, over 1 s with compiled graphs).
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from respec import heap
+from respec.accel import heap
 from respec.config import EngineConfig
 from respec.drafters import make_drafter
 from respec.engine import Engine
@@ -88,7 +88,8 @@ def parse_model_choices(text: str) -> list[ModelChoice]:
 
 class Runner:
     def __init__(self, target, head: str | None = None) -> None:
-        from respec.drafters.eagle_head import load_eagle_head, random_head
+        from respec.drafters.heads.eagle import random_head
+        from respec.drafters.heads.checkpoint import load_eagle_head
 
         from respec.memory import RunnerMemory
 

@@ -98,7 +98,7 @@ def number_table(logits: torch.Tensor, tokens: torch.Tensor, parents: torch.Tens
     The same definitions as `read_numbers` (top-1 is the first maximal index;
     a tied top-2 gives margin 0), written for a compiler: each column is a reduction over a row
     that inductor fuses with the others, so the compiled output layer returns the table with the
-    logits (respec/models/compiled.py `compile_logits`): 0.5 ms for 16 rows of the default model's
+    logits (respec/accel/compiled.py `compile_logits`): 0.5 ms for 16 rows of the default model's
     49k vocabulary against ~2 ms for the eager ops of read_numbers, which stay the eager path
     (this form is slower eagerly). Ids travel as float32: exact below 2**24 (callers check)."""
     best, top1 = logits.max(-1)                                                   # [n], [n]

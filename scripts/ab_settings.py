@@ -33,7 +33,7 @@ def main() -> None:
     ap.add_argument("--questions", default="../shared/spec_bench/question_dev.jsonl")
     args = ap.parse_args()
 
-    from respec.bench import load_questions
+    from respec.lab.bench import load_questions
     from respec.models import load_target
     from respec.runner import Runner, parse_methods
 

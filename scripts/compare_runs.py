@@ -2,7 +2,7 @@
 `--compile off` then `on`): per Spec-Bench category and method, mean tokens/s in each, their ratio
 B / A (Spec-Bench's ratio of means) and the ratio at equal length (each question and repeat timed
 at the length both outputs reach: bf16 runs whose outputs end at different lengths otherwise spread
-one prompt's prefill over different token counts; respec.bench_report.compare_runs).
+one prompt's prefill over different token counts; respec.lab.report.compare_runs).
 
     .venv/bin/python scripts/compare_runs.py bench-out/eager bench-out/compiled
 """
@@ -18,8 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # `python scri
 def main() -> None:
     import pandas as pd
 
-    from respec.bench import RESULTS_FILE
-    from respec.bench_report import compare_runs
+    from respec.lab.bench import RESULTS_FILE
+    from respec.lab.report import compare_runs
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("before", type=Path, help="bench folder A (the reference)")

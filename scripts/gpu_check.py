@@ -20,7 +20,7 @@ measured), and prints a summary. Parts, each recorded with its seconds:
 2. Lossless, in bfloat16 and float32: every strict method (eagle2, sam, respec-strict, respec with
    relax.budget=0) with fixed trees (16 nodes, depth 4, top-k 4: trees are verified whatever a
    head is worth) against vanilla greedy, on a GQA tiny Llama, an MHA tiny Llama and a GQA tiny
-   Qwen2. The rule is the engine's (respec/bench.py `gap_tolerance`): identical, or first
+   Qwen2. The rule is the engine's (respec/lab/bench.py `gap_tolerance`): identical, or first
    diverging where vanilla's top-1/top-2 logit gap is within 0.5 (bf16) or 1e-3 (fp32).
 3. The default model (SmolLM2-135M-Instruct) with its shipped EAGLE head, bf16 and fp32, when its
    cache is on this machine (else recorded as absent): the same rule, with the number of EAGLE
@@ -209,7 +209,7 @@ def _run(target, method: str, prompt, extra: dict, max_new: int = 40, runner=Non
 
 def judged(ref, got, dtype: str) -> dict:
     """`got` against vanilla's `ref` by the engine's lossless rule, with the trees it verified."""
-    from respec.bench import first_divergence, gap_tolerance
+    from respec.lab.bench import first_divergence, gap_tolerance
 
     div = first_divergence(ref.tokens, got.tokens)
     margins = ref.token_margins()
@@ -306,7 +306,7 @@ def round_trips(device: str) -> dict:
 
     from respec.config import EngineConfig, device_defaults
     from respec.drafters.eagle2 import Eagle2Drafter
-    from respec.drafters.eagle_head import random_head
+    from respec.drafters.heads.eagle import random_head
     from respec.engine import Engine
     from respec.models.hf import HFTarget
     from respec.models.tiny import EOS, tiny_llama
@@ -383,7 +383,7 @@ def cost_curves(target) -> dict[str, dict[str, float]]:
 
 
 def speeds(target, max_new_tokens: int) -> list[dict]:
-    from respec.bench import first_divergence, gap_tolerance, hf_generate
+    from respec.lab.bench import first_divergence, gap_tolerance, hf_generate
     from respec.config import EngineConfig, device_defaults
     from respec.drafters.suffix import suffix_library
     from respec.runner import Runner
@@ -401,7 +401,7 @@ def speeds(target, max_new_tokens: int) -> list[dict]:
         for p, ids in enumerate(prompts):
             if m in PEER_METHODS:
                 tokens, wall, forwards = hf_generate(runner, ids, m, max_new_tokens)
-                # as respec/bench.py counts a peer: the prefill's forward chose the first token
+                # as respec/lab/bench.py counts a peer: the prefill's forward chose the first token
                 tps, mat = len(tokens) / wall if wall else 0.0, max(0, len(tokens) - 1) / max(1, forwards - 1)
             else:
                 r = runner.engine(base.with_overrides({"method": m})).generate(ids)

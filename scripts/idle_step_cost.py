@@ -38,7 +38,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
 
-    from respec.bench import load_questions
+    from respec.lab.bench import load_questions
     from respec.drafters.eagle2 import random_head
     from respec.models import load_target
     from respec.runner import Runner

@@ -11,7 +11,7 @@ import argparse
 
 
 def main() -> None:
-    from respec.bench import hf_generate, load_questions
+    from respec.lab.bench import hf_generate, load_questions
     from respec.models import load_target
     from respec.models.attention import NAME
     from respec.runner import Runner

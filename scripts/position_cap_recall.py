@@ -95,7 +95,7 @@ def replay(prompt: list[int], answer: list[int], min_match: int, l_max: int, cap
 
 def generate_answers(questions, args) -> list[tuple[str, list[int], list[int]]]:
     """(category, prompt ids, greedy answer ids) for every turn of every question."""
-    from respec.bench import bench_category
+    from respec.lab.bench import bench_category
     from respec.models import load_target
     from respec.runner import Runner
 
@@ -126,7 +126,7 @@ def main() -> None:
                          "written otherwise (so other L_min / L_max / cap values skip generation)")
     args = ap.parse_args()
 
-    from respec.bench import load_questions
+    from respec.lab.bench import load_questions
 
     questions = load_questions(args.questions, limit_per_category=args.limit_per_category)
     cache = Path(args.answers) if args.answers else None

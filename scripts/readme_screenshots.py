@@ -20,9 +20,9 @@ def main() -> None:
     args = ap.parse_args()                   # before the test-only import: --help works with the runtime set
     from playwright.sync_api import expect, sync_playwright
 
-    from app.handlers import ModelHub
-    from app.settings import Caps
-    from app.ui import build_demo, launch_kwargs
+    from app.events.handlers import ModelHub
+    from app.session.settings import Caps
+    from app.page.ui import build_demo, launch_kwargs
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     demo = build_demo(hub=ModelHub(), caps=Caps.from_env())

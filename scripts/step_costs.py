@@ -27,7 +27,7 @@ def _median_ms(fn, reps: int = 20) -> float:
 def main() -> None:
     import torch
 
-    from respec.bench import load_questions
+    from respec.lab.bench import load_questions
     from respec.models import load_target
     from respec.runner import Runner
     from respec.tree import DraftTree

@@ -1,7 +1,7 @@
 """Print the target's verify-cost curve: milliseconds of one tree forward of n tokens after a
 context of C cached tokens (the same measurement `tree.auto` uses), and its ratio to n = 1; then
 the machine's measured memory bandwidth and matmul throughput (a few seconds of torch operations,
-respec/models/roofline.py) and, per size, the roofline bound they imply (weights and cached keys and
+respec/lab/roofline.py) and, per size, the roofline bound they imply (weights and cached keys and
 values read once / bandwidth, or FLOPs / throughput, whichever is larger) and the forward's distance
 from it; then the same at the read bandwidth (a large tensor summed: a forward reads its weights and
 writes next to nothing, so on a machine where reads alone run slower than a copy the first bound
@@ -57,7 +57,7 @@ def main() -> None:
 
 
 def print_bound(target, curve: dict[int, float], context: int) -> None:
-    from respec.models.roofline import forward_bound, measure_machine, target_profile
+    from respec.lab.roofline import forward_bound, measure_machine, target_profile
 
     limits = measure_machine(target.device, target.dtype)
     profile = target_profile(target)

@@ -90,7 +90,7 @@ def inject_costs(monkeypatch, target, curve: dict[int, float], row_ms: float) ->
     has a verdict that depends on the machine (the tiny models' steps cost about the same at every
     size, so a draft's rate sits near 1.0x and flips with noise)."""
     from respec.cost import CostModel
-    from respec.drafters.eagle_head import EagleHead
+    from respec.drafters.heads.eagle import EagleHead
     monkeypatch.setattr(target, "verify_cost_curve",
                         lambda max_size=64, **_: {n: ms for n, ms in curve.items() if n <= max(max_size, 2)})
     monkeypatch.setattr(CostModel, "observe", lambda self, size, verify_ms: None)

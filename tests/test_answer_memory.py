@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from respec.bench import Question, run_bench
+from respec.lab.bench import Question, run_bench
 from respec.config import EngineConfig
 from respec.retrieval.answers import SEPARATOR, AnswerMemory, MemoryIndex
 from tests.test_app_render import tiny_runner
@@ -58,7 +58,7 @@ def test_memory_candidates_come_from_earlier_answers_and_stay_lossless(tmp_path,
 
 
 def test_the_explorer_names_an_earlier_answer():
-    from app.render import candidate_rows
+    from app.views.render import candidate_rows
     from respec.trace import StepTrace
     from respec.tree import DraftTree
     from respec.verify import Verdict

@@ -24,9 +24,9 @@ expect = sync_api.expect
 
 @pytest.fixture(scope="module")
 def url():
-    from app.hub import ModelHub
-    from app.settings import Caps
-    from app.ui import build_demo, launch_kwargs
+    from app.session.hub import ModelHub
+    from app.session.settings import Caps
+    from app.page.ui import build_demo, launch_kwargs
     from respec.models.loading import default_cache_dir
 
     if not (default_cache_dir() / "config.json").is_file():
@@ -293,9 +293,9 @@ def test_run_history_pin_a_baseline_repeat_and_export(url, browser):
 def test_a_model_that_fails_to_load_leaves_a_banner_and_replay_mode(browser):
     """A second server whose model cannot load: Run reports it, the banner says replay mode, a
     reload keeps the banner, and the recorded traces still open."""
-    from app.hub import ModelHub
-    from app.settings import Caps
-    from app.ui import build_demo, launch_kwargs
+    from app.session.hub import ModelHub
+    from app.session.settings import Caps
+    from app.page.ui import build_demo, launch_kwargs
 
     def broken(spec):
         raise OSError(f"weights of {spec} are unreadable (simulated disk fault)")

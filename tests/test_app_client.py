@@ -10,8 +10,8 @@ import pytest  # noqa: E402
 from gradio_client import Client  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 
-from app.hub import ModelHub  # noqa: E402
-from app.ui import build_demo  # noqa: E402
+from app.session.hub import ModelHub  # noqa: E402
+from app.page.ui import build_demo  # noqa: E402
 from respec.trace import result_from_json  # noqa: E402
 from tests.test_app_render import CAPS, REPEAT, tiny_hub  # noqa: E402
 

@@ -6,12 +6,16 @@ import math
 
 import pytest
 
-from app import api, figures, handlers, render, traces
-from app.decoders import TableDecoder, TokenizerDecoder
-from app.hub import ModelHub, model_fits
-from app.runs import finish_run, parse_prompt, stream_run
-from app.settings import PRESETS, SPECS, Caps, build_config, non_default, parse_settings_json, preset_values
-from app.state import SessionState
+from app.events import api, handlers
+
+from app.views import figures, render
+
+from app.session import traces
+from app.views.decoders import TableDecoder, TokenizerDecoder
+from app.session.hub import ModelHub, model_fits
+from app.events.runs import finish_run, parse_prompt, stream_run
+from app.session.settings import PRESETS, SPECS, Caps, build_config, non_default, parse_settings_json, preset_values
+from app.session.state import SessionState
 from respec.errors import ConfigError
 from respec.runner import Runner
 from respec.trace import result_from_json, result_to_json
@@ -383,8 +387,8 @@ def test_a_newer_run_supersedes_a_cancelled_one():
 def test_stop_ends_the_stream_with_a_stopped_status():
     """Stop marks the tab's state; the run's stream notices at its next step and its last word is
     "stopped", so an update already in flight cannot leave the page saying "step N"."""
-    from app.text import STOPPED
-    from app.ui import _claim, _stop
+    from app.views.text import STOPPED
+    from app.page.ui import _claim, _stop
     hub, state = tiny_hub(), SessionState()
     _claim(state)
     run = handlers.compare_stream(hub, CAPS, REPEAT, {"max_new_tokens": 30, "tree.auto": False}, False, False,
@@ -423,8 +427,8 @@ def test_model_picker_offers_only_models_that_fit(tmp_path):
 
 def test_bad_environment_values_warn_and_fall_back_to_the_defaults(monkeypatch, caplog):
     """Environment variables are read when used, never at import; a bad value must not stop the app."""
-    from app.settings import env_float, env_int
-    from app.ui import gpu_duration_s, launch_kwargs
+    from app.session.settings import env_float, env_int
+    from app.page.ui import gpu_duration_s, launch_kwargs
     for name, value in (("RESPEC_GPU_DURATION", "two minutes"), ("RESPEC_STREAM_INTERVAL", "fast"),
                         ("RESPEC_MAX_SESSIONS", "many"), ("RESPEC_MODELS", "a=, b"), ("RESPEC_MODEL", "=h")):
         monkeypatch.setenv(name, value)
@@ -438,7 +442,7 @@ def test_bad_environment_values_warn_and_fall_back_to_the_defaults(monkeypatch, 
 
 
 def test_paper_preset_restores_the_papers_thresholds_over_device_defaults():
-    from app.settings import preset_values
+    from app.session.settings import preset_values
     paper = preset_values("paper defaults", "cpu", CAPS)
     device = preset_values("device defaults", "cpu", CAPS)
     assert paper["trigger.theta_entropy"] == 1.5 and paper["candidates.min_match"] == 3

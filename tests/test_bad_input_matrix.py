@@ -166,7 +166,7 @@ def test_a_100k_character_prompt_is_refused_by_the_context_and_by_a_deployment_c
         runner.generate(LONG, cfg)
     with pytest.raises(PromptError, match="at most 50"):
         runner.encode("w5 " * 60, max_tokens=50)
-    from app.settings import Caps
+    from app.session.settings import Caps
     caps = Caps(max_new_tokens=64, default_new_tokens=24, max_tree_tokens=64, time_limit_s=60, queue_size=4)
     with pytest.raises(PromptError, match="RESPEC_MAX_PROMPT_CHARS"):
         caps.check_prompt(LONG)
@@ -348,9 +348,10 @@ class _Broken:
 @pytest.mark.parametrize("exc", [OSError("No space left on device"), ModelLoadError("cannot read weights of tiny"),
                                  RuntimeError("CUDA out of memory")])
 def test_a_model_that_fails_to_load_leaves_replay_mode_with_a_banner(exc):
-    from app import api, handlers, traces
-    from app.hub import ModelHub
-    from app.state import SessionState
+    from app.events import api, handlers
+    from app.session import traces
+    from app.session.hub import ModelHub
+    from app.session.state import SessionState
     from tests.test_app_render import CAPS, REPEAT
     hub = ModelHub("tiny", factory=_Broken(exc), choices=["tiny"])
     state = SessionState()

@@ -5,7 +5,7 @@ import json
 import pandas as pd
 import pytest
 
-from respec.bench import (PEERS, Question, compare_to_vanilla, parse_bench_methods, run_bench, summarize,
+from respec.lab.bench import (PEERS, Question, compare_to_vanilla, parse_bench_methods, run_bench, summarize,
                           summary_table_markdown)
 from respec.config import EngineConfig
 from respec.errors import ConfigError, RespecError
@@ -146,7 +146,7 @@ def test_outputs_of_different_lengths_are_compared_at_the_length_they_share():
 
 
 def test_two_runs_are_compared_per_category_and_method_at_equal_length():
-    from respec.bench_report import compare_runs
+    from respec.lab.report import compare_runs
     eager = pd.DataFrame([_timed(1, "vanilla", [300.0 + 40 * i for i in range(10)]),
                           _timed(1, "eagle2", [300.0 + 40 * i for i in range(6)])])
     compiled = pd.DataFrame([_timed(1, "vanilla", [300.0 + 20 * i for i in range(10)]),
@@ -165,7 +165,7 @@ def test_a_rerun_skips_finished_records_and_redoes_a_cut_one(tmp_path, monkeypat
     path = tmp_path / "out" / "results.jsonl"
     lines = path.read_text().splitlines()
     calls = []
-    import respec.bench as bench
+    import respec.lab.bench as bench
     real = bench.run_question
     monkeypatch.setattr(bench, "run_question", lambda *a, **k: calls.append(a[1].question_id) or real(*a, **k))
     _, again = _bench(tmp_path, ["vanilla", "sam"])
@@ -190,7 +190,7 @@ def test_a_folder_of_another_run_is_refused_unless_fresh(tmp_path):
 
 
 # ------------------------------------------------------------------------------- sweeps
-from respec.sweep import best_point, pareto_front, parse_grid, run_sweep  # noqa: E402
+from respec.lab.sweep import best_point, pareto_front, parse_grid, run_sweep  # noqa: E402
 
 
 def test_a_grid_parses_with_aliases_in_the_order_given():
@@ -235,7 +235,7 @@ def test_a_2d_sweep_writes_table_and_heatmap_and_resumes(tmp_path, monkeypatch):
     csv = pd.read_csv(tmp_path / "sw" / "sweep.csv")
     assert list(csv.columns[:2]) == ["trigger.theta_entropy", "candidates.l_max"] and "pareto" in csv
     assert "Pareto front" in (tmp_path / "sw" / "heatmap.html").read_text()
-    import respec.sweep as sweep
+    import respec.lab.sweep as sweep
     calls = []
     real = sweep.run_question
     monkeypatch.setattr(sweep, "run_question", lambda *a, **k: calls.append(1) or real(*a, **k))
@@ -250,7 +250,7 @@ def test_a_sweep_runs_each_questions_points_back_to_back_and_repeats(tmp_path, m
     """Per repeat and question: vanilla, then every point (a drift of the machine moves them
     together); every record is compared to the vanilla run of its own question and repeat; a larger
     --repeats resumes, adding only the missing repeats."""
-    import respec.sweep as sweep
+    import respec.lab.sweep as sweep
     runner = tiny_runner("qwen2", seed=4)
     base = EngineConfig().with_overrides({"max_new_tokens": 8, "tree.total_tokens": 8, "tree.depth": 3,
                                           "tree.top_k": 3})
@@ -304,7 +304,7 @@ def test_repeats_add_records_and_a_larger_n_resumes(tmp_path, monkeypatch):
     assert 0 < overall.speedup_min <= overall.speedup_max and overall.speedup_std == overall.speedup_std
     csv = pd.read_csv(tmp_path / "out" / "summary.csv")
     assert {"speedup_std", "speedup_min", "speedup_max", "repeats"} <= set(csv.columns)
-    import respec.bench as bench
+    import respec.lab.bench as bench
     calls = []
     real = bench.run_question
     monkeypatch.setattr(bench, "run_question", lambda *a, **k: calls.append(a[1].question_id) or real(*a, **k))
@@ -326,7 +326,7 @@ def test_an_older_run_without_repeat_or_relax_mode_resumes(tmp_path, monkeypatch
     identity = json.loads(run_file.read_text())
     del identity["config"]["relax"]["mode"]              # written before relax.mode existed
     run_file.write_text(json.dumps(identity))
-    import respec.bench as bench
+    import respec.lab.bench as bench
     calls = []
     real = bench.run_question
     monkeypatch.setattr(bench, "run_question", lambda *a, **k: calls.append(1) or real(*a, **k))
@@ -362,7 +362,7 @@ def test_a_peers_wall_time_waits_on_every_gpu_holding_weights(monkeypatch):
     `target.weight_devices` (issue 30 §8: a model split over two GPUs finishes on the second)."""
     import torch
 
-    from respec.bench import hf_generate
+    from respec.lab.bench import hf_generate
 
     runner = tiny_runner("qwen2", seed=4)
     two = (torch.device("cuda", 0), torch.device("cuda", 1))

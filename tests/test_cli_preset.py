@@ -103,7 +103,7 @@ def test_bench_with_the_paper_preset_and_two_repeats_writes_a_spread(tiny_cli, t
 
 
 def test_sweep_takes_the_preset(tiny_cli, tmp_path, monkeypatch):
-    import respec.sweep as sweep
+    import respec.lab.sweep as sweep
     seen = {}
 
     def fake_run_sweep(runner, questions, method, base, grid, out_dir, **kw):

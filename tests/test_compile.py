@@ -1,4 +1,4 @@
-"""The compiled target forward (`--compile on`, respec/models/compiled.py) on a tiny Llama in
+"""The compiled target forward (`--compile on`, respec/accel/compiled.py) on a tiny Llama in
 float32: the same logits (and verification numbers) as the eager forward for 1-, 7- and 33-token
 trees over growing contexts,
 no recompilation after the warm-up across mixed tree sizes, greedy methods equal to vanilla, and
@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from respec.models.compiled import check_compile_choice, compile_count
+from respec.accel.compiled import check_compile_choice, compile_count
 from respec.tree import DraftTree
 from respec.verify import read_number_table, read_numbers
 from tests.conftest import OracleDrafter, make_target, run
@@ -139,7 +139,7 @@ def test_a_one_token_step_run_as_two_rows_equals_the_one_row_graph(pair):
     """float32 with MKL runs a compiled one-token step as a two-token chain and drops the second
     row (compiled.one_row_as_two): the same logits, hidden state and numbers as the one-row graph,
     and the cache one row longer, as after any one-token step."""
-    from respec.models.compiled import one_row_as_two
+    from respec.accel.compiled import one_row_as_two
 
     _, compiled = pair
     assert compiled._pad_one == one_row_as_two(compiled.device, torch.float32)
@@ -217,8 +217,8 @@ def test_trees_padded_to_a_static_bucket_equal_the_unpadded_forward(monkeypatch)
 def test_choose_buckets_keeps_a_bucket_only_where_padding_beats_the_symbolic_graph_at_its_fewest_rows():
     """Pure, on given times: each bucket is judged at the fewest rows it would serve (3, or one
     more than the last bucket kept); a dropped bucket's rows fall to the next one, judged from there."""
-    from respec.models.compiled import bucket_edges, bucket_for, bucket_spans
-    from respec.models.graph_choice import BUCKET_MARGIN, choose_buckets
+    from respec.accel.compiled import bucket_edges, bucket_for, bucket_spans
+    from respec.accel.graph_choice import BUCKET_MARGIN, choose_buckets
     asked = []
 
     def times(table):
@@ -247,7 +247,7 @@ def test_choose_eager_from_sends_larger_trees_eagerly_only_where_eager_is_clearl
     """Pure, on given times: judged once, at the symbolic graph's fewest rows; eager must take
     under EAGER_MARGIN of the symbolic graph's ms (session 41: 1,171 ms compiled against ~150 eager
     at 9 rows, bf16 without bf16 instructions). RESPEC_EAGER_FROM forces it either way."""
-    from respec.models.graph_choice import EAGER_MARGIN, choose_eager_from, forced_eager_from
+    from respec.accel.graph_choice import EAGER_MARGIN, choose_eager_from, forced_eager_from
     asked = []
 
     def times(symbolic, eager):
@@ -273,7 +273,7 @@ def test_choose_eager_from_sends_larger_trees_eagerly_only_where_eager_is_clearl
 def test_fastest_of_rounds_interleaves_the_ways_and_drops_the_first_round():
     """Pure: every round runs each way once, in order, after `pause`; the untimed first round
     (allocation) never counts, so a slow first call cannot decide a choice."""
-    from respec.models.graph_choice import fastest_of_rounds
+    from respec.accel.graph_choice import fastest_of_rounds
     calls, pauses = [], []
     ms = {"a": iter([1.0, 9.0, 7.0, 8.0]), "b": iter([0.5, 6.0, 5.0, 6.5])}
 
@@ -290,7 +290,7 @@ def test_larger_trees_run_eagerly_where_measured_or_forced_and_equal_the_compile
     the eager logits, hidden states and numbers, and a greedy method still equals vanilla. Unforced,
     the choice is measured at warm-up and recorded (which way it goes is the machine's business;
     the record must agree with EAGER_MARGIN)."""
-    from respec.models.graph_choice import EAGER_MARGIN
+    from respec.accel.graph_choice import EAGER_MARGIN
     monkeypatch.delenv("RESPEC_EAGER_FROM", raising=False)
     measured = make_target("llama", dtype=torch.float32)
     measured.enable_compile(progress=False)
@@ -328,8 +328,8 @@ def test_larger_trees_run_eagerly_where_measured_or_forced_and_equal_the_compile
 
 
 def test_tree_buckets_defaults_and_the_forcing_variable(monkeypatch):
-    from respec.models import compiled
-    from respec.models.compiled import BF16_BUCKETS, FLOAT32_BUCKETS, forced_buckets, tree_buckets
+    from respec.accel import compiled
+    from respec.accel.compiled import BF16_BUCKETS, FLOAT32_BUCKETS, forced_buckets, tree_buckets
     cpu = torch.device("cpu")
     monkeypatch.setattr(compiled, "onednn_has_bf16", lambda: True)    # this CPU's oneDNN aside
     monkeypatch.delenv("RESPEC_PAD_ROWS", raising=False)
@@ -361,8 +361,8 @@ def test_tree_buckets_defaults_and_the_forcing_variable(monkeypatch):
 def test_the_default_float32_buckets_are_measured_at_warm_up_and_kept_only_where_faster(pair):
     """The tiny float32 model compiles with FLOAT32_BUCKETS and keeps what `choose_buckets` found
     faster on this machine (which ones is the machine's business; the record must agree with it)."""
-    from respec.models.compiled import FLOAT32_BUCKETS
-    from respec.models.graph_choice import BUCKET_MARGIN
+    from respec.accel.compiled import FLOAT32_BUCKETS
+    from respec.accel.graph_choice import BUCKET_MARGIN
     _, compiled = pair
     choice = compiled.bucket_choice
     assert choice and set(choice) <= set(FLOAT32_BUCKETS) and min(choice) == FLOAT32_BUCKETS[0]

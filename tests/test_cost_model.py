@@ -20,7 +20,7 @@ def small_auto_drafter(target):
     """An auto-budget EAGLE drafter with a random head (at most 8 nodes, depth 2, top-k 2)."""
     from respec.config import TreeConfig
     from respec.drafters.eagle2 import Eagle2Drafter
-    from respec.drafters.eagle_head import random_head
+    from respec.drafters.heads.eagle import random_head
     return Eagle2Drafter(target, random_head(target), TreeConfig(total_tokens=8, depth=2, top_k=2, auto=True))
 
 
@@ -251,7 +251,7 @@ def test_a_probe_charges_a_one_row_draft_not_its_own_catch_up(monkeypatch):
     logits), else the head's row cost; a tree layer's time does not stand in for it."""
     from respec.config import TreeConfig
     from respec.drafters.eagle2 import Eagle2Drafter
-    from respec.drafters.eagle_head import random_head
+    from respec.drafters.heads.eagle import random_head
     target = make_target("llama", seed=0)
     head = random_head(target)
     ms = head.row_ms(target)
@@ -346,7 +346,7 @@ def test_the_depth_cut_stops_growing_a_tree_whose_next_layer_cannot_pay():
     import torch
     from respec.config import TreeConfig
     from respec.drafters.eagle2 import DEPTH_SOURCE, Eagle2Drafter, expand_tree
-    from respec.drafters.eagle_head import random_head
+    from respec.drafters.heads.eagle import random_head
     V = 6
     calls = []
 
@@ -385,7 +385,7 @@ def test_the_depth_cut_counts_the_verify_cost_of_the_slots_a_layer_needs():
     from respec.config import TreeConfig
     from respec.cost import interpolate_cost
     from respec.drafters.eagle2 import DEPTH_SOURCE, Eagle2Drafter, layer_rate_bound
-    from respec.drafters.eagle_head import random_head
+    from respec.drafters.heads.eagle import random_head
     steep = {1: 32.5, 2: 46.6, 4: 60.0, 8: 80.0, 16: 110.0}
 
     def upto16(curve):                                   # [size] -> ms, sizes 0..16
@@ -453,7 +453,7 @@ def test_the_depth_cut_says_why_in_the_decision_and_can_be_switched_off():
     device defaults.)"""
     from respec.config import TreeConfig
     from respec.drafters.eagle2 import DEPTH_SOURCE, Eagle2Drafter
-    from respec.drafters.eagle_head import random_head
+    from respec.drafters.heads.eagle import random_head
     target = make_target("llama", seed=0)
     prompt = [5, 17, 33, 9, 71, 4, 88, 12] * 3
     cfg = TreeConfig(top_k=4, depth=4, total_tokens=16, auto=True)
@@ -481,7 +481,7 @@ def test_a_head_that_earns_its_keep_sits_out_no_step_for_a_run_of_unprofitable_d
     balance (tokens committed per drafting + verify ms, decayed), run slower than plain steps."""
     from respec.config import TreeConfig
     from respec.drafters.eagle2 import Eagle2Drafter
-    from respec.drafters.eagle_head import random_head
+    from respec.drafters.heads.eagle import random_head
     target = make_target("llama", seed=0)
     cm = CostModel(lambda n: dict(AMX), max_size=8)                  # a plain step: 50 ms
     # worth verifying once drafted (1.5 tokens for one verify), but not worth 40 ms of drafting
@@ -557,7 +557,7 @@ def test_a_draft_far_below_a_plain_step_counts_twice_and_a_long_catch_up_is_not_
     once whatever is drafted, so the first tree's plan is charged its growth only."""
     from respec.config import TreeConfig
     from respec.drafters.eagle2 import FAR_SHORT, Eagle2Drafter
-    from respec.drafters.eagle_head import random_head
+    from respec.drafters.heads.eagle import random_head
     target = make_target("llama", seed=0)
     cm = CostModel(lambda n: dict(AMX), max_size=8)                  # a plain step: 50 ms
     far = DraftTree.from_parents([5, 6], [-1, 0], "eagle", scores=[0.0, math.log(0.5)])
@@ -596,7 +596,7 @@ def test_the_depth_cut_times_a_drafts_start_and_each_layer_on_the_wall_from_ques
     and the root's logits, what a one-token draft costs), except after a long feed."""
     from respec.config import TreeConfig
     from respec.drafters.eagle2 import Eagle2Drafter
-    from respec.drafters.eagle_head import random_head
+    from respec.drafters.heads.eagle import random_head
     target = make_target("llama", seed=0)
     cfg = TreeConfig(top_k=2, depth=3, total_tokens=8, auto=True)
     d = Eagle2Drafter(target, random_head(target), cfg)
@@ -621,7 +621,7 @@ def test_the_depth_cut_counts_a_long_feed_as_the_plan_does_not_as_time_spent_on_
     so a sunk feed does not make another layer look cheap. A short queue's catch-up counts."""
     from respec.config import TreeConfig
     from respec.drafters.eagle2 import Eagle2Drafter
-    from respec.drafters.eagle_head import random_head
+    from respec.drafters.heads.eagle import random_head
     target = make_target("llama", seed=0)
     prompt = [(3 * i) % 90 + 3 for i in range(queued)]
     d = Eagle2Drafter(target, random_head(target), TreeConfig(total_tokens=8, depth=3, top_k=2, auto=True))

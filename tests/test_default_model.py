@@ -4,7 +4,7 @@ defines it: identical, or first diverging where vanilla's top-1/top-2 logit gap 
 rounding (<= 0.5). A divergence at a larger gap is an engine bug."""
 import pytest
 
-from respec.bench import first_divergence, gap_tolerance
+from respec.lab.bench import first_divergence, gap_tolerance
 from respec.config import EngineConfig
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,8 @@ import torch
 
 from respec.config import TreeConfig
 from respec.drafters.eagle2 import Eagle2Drafter, expand_tree
-from respec.drafters.eagle_head import load_eagle_head, random_head, save_eagle_head
+from respec.drafters.heads.eagle import random_head
+from respec.drafters.heads.checkpoint import load_eagle_head, save_eagle_head
 from respec.errors import ModelLoadError
 from tests.conftest import inject_costs, make_target, run
 
@@ -172,7 +173,7 @@ def test_auto_budget_with_a_random_head_mostly_skips_drafting_and_stays_lossless
 
 def test_head_uses_the_target_rope_base_in_float32_and_saves_it(tmp_path):
     import json as _json
-    from respec.drafters.eagle_head import _rope_theta
+    from respec.drafters.heads.eagle import _rope_theta
     target = make_target("llama")
     target.model.config.rope_parameters = {"rope_type": "default", "rope_theta": 100000.0}
     head = random_head(target)
@@ -184,7 +185,7 @@ def test_head_uses_the_target_rope_base_in_float32_and_saves_it(tmp_path):
 
 
 def _heads(target):
-    from respec.drafters.eagle3_head import random_eagle3_head
+    from respec.drafters.heads.eagle3 import random_eagle3_head
     return {"eagle-llama": random_head(target, seed=4), "eagle-qwen2-bias": random_head(target, seed=5, qkv_bias=True),
             "eagle3": random_eagle3_head(target, seed=6)}
 

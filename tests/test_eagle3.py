@@ -7,8 +7,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from respec.drafters.eagle3_head import Eagle3Head, default_feature_layers, random_eagle3_head
-from respec.drafters.eagle_head import load_eagle_head, random_head, save_eagle_head
+from respec.drafters.heads.eagle3 import Eagle3Head, default_feature_layers, random_eagle3_head
+from respec.drafters.heads.eagle import random_head
+from respec.drafters.heads.checkpoint import load_eagle_head, save_eagle_head
 from respec.errors import ModelLoadError
 from respec.models.hf import HFTarget
 from respec.models.tiny import tiny_llama, tiny_qwen2

@@ -3,7 +3,7 @@ every strict method and drafter pattern, on tiny Llama and Qwen2 targets in floa
 import pytest
 import torch
 
-from respec.drafters.eagle_head import random_head
+from respec.drafters.heads.eagle import random_head
 from respec.models.hf import HFTarget
 from respec.tree import DraftTree
 from tests.conftest import EOS, OracleDrafter, make_target, run

@@ -16,7 +16,8 @@ from torch import nn
 from respec.config import EngineConfig, TreeConfig
 from respec.drafters import make_drafter
 from respec.drafters.eagle2 import Eagle2Drafter
-from respec.drafters.eagle_head import load_eagle_head, random_head, save_eagle_head
+from respec.drafters.heads.eagle import random_head
+from respec.drafters.heads.checkpoint import load_eagle_head, save_eagle_head
 from respec.engine import Engine
 from respec.errors import ConfigError, ModelLoadError, RespecError
 from respec import prompting
@@ -119,7 +120,7 @@ def test_cli_head_that_cannot_be_found_exits_nonzero_with_one_error_line():
 
 def test_the_app_factory_loads_the_head_of_a_model_head_pair(monkeypatch, llama, head_dir):
     import respec.models
-    from app import handlers
+    from app.events import handlers
     monkeypatch.setattr(respec.models, "load_target", lambda spec, **kw: llama)
     runner = handlers._default_factory(f"tiny={head_dir}")
     assert runner.head_info == f"checkpoint {head_dir}"
@@ -365,8 +366,9 @@ def test_a_vicuna_tokenizer_without_a_template_gets_the_vicuna_conversation_form
 
 # ------------------------------------------------------------------------------- ZeroGPU
 def test_zerogpu_startup_load_failure_opens_replay_mode_instead_of_crashing(monkeypatch):
-    from app import handlers, ui
-    from app.settings import Caps
+    from app.events import handlers
+    from app.page import ui
+    from app.session.settings import Caps
 
     def broken(spec):
         raise OSError(f"weights of {spec} are unreadable (simulated)")
@@ -380,7 +382,7 @@ def test_zerogpu_startup_load_failure_opens_replay_mode_instead_of_crashing(monk
 
 
 def test_zerogpu_preload_computes_the_per_worker_caches_in_the_main_process(llama):
-    from app import handlers
+    from app.events import handlers
 
     runner = Runner(llama)
     hub = handlers.ModelHub("tiny", factory=lambda spec: runner, choices=["tiny", "other"])
@@ -398,7 +400,7 @@ def test_the_app_compiles_its_models_in_the_background_when_respec_compile_is_on
     step lock (in the background; at load on ZeroGPU, whose workers keep nothing a thread builds);
     unset or malformed (with a warning) compiles nothing."""
     import respec.models
-    from app import hub
+    from app.session import hub
     seen, calls = [], []
     monkeypatch.setattr(respec.models, "load_target", lambda spec, **kw: seen.append(kw) or llama)
     if env is None:
@@ -435,7 +437,7 @@ def test_the_background_compile_waits_for_the_model_to_be_idle(llama):
     import threading
     import time
 
-    from app import hub
+    from app.session import hub
     h = hub.ModelHub("tiny", factory=lambda spec: Runner(llama), choices=["tiny"])
     h.wait_idle(idle_s=1.0, poll_s=60)            # nothing ever ran: no wait
     h.begin_run()

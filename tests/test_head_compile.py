@@ -1,4 +1,4 @@
-"""The compiled EAGLE head (respec/drafters/head_compile.py) on tiny models in float32: the same
+"""The compiled EAGLE head (respec/accel/head_compile.py) on tiny models in float32: the same
 features and draft logits as the eager head (EAGLE-1/2 and EAGLE-3, Llama and Qwen2 style) for
 catch-ups and tree batches over a growing cache; no recompilation after the warm-up across 20
 drafting steps of a real Eagle2Drafter or the head's row timing; greedy eagle2 on a compiled target and head equal to
@@ -13,11 +13,11 @@ import torch
 
 from respec.config import EngineConfig, TreeConfig
 from respec.drafters.eagle2 import Eagle2Drafter
-from respec.drafters.eagle3_head import random_eagle3_head
-from respec.drafters.eagle_head import random_head
-from respec.drafters.head_compile import ROUTES
+from respec.drafters.heads.eagle3 import random_eagle3_head
+from respec.drafters.heads.eagle import random_head
+from respec.accel.head_compile import ROUTES
 from respec.models.attention import additive_mask
-from respec.models.compiled import compile_count
+from respec.accel.compiled import compile_count
 from respec.models.kv import INITIAL_CAPACITY, slab_cache
 from respec.runner import Runner
 from tests.conftest import make_target, run
@@ -114,7 +114,7 @@ def test_calls_of_a_few_rows_run_the_static_small_row_graphs_and_larger_ones_the
     """On the CPU (compiled.one_row_options), head calls of up to SMALL_ROWS rows, with or without
     a tree mask, go to the static small-row graphs; larger ones to the symbolic-row graph; after
     the warm-up neither compiles."""
-    from respec.drafters.head_compile import SMALL_ROWS
+    from respec.accel.head_compile import SMALL_ROWS
     target, _, head, _ = compiled_pair
     ch = head._compiled
     assert ch.small_fn is not None, "a CPU compiles the small-row graphs"
@@ -188,7 +188,7 @@ def test_a_background_compile_serves_eagerly_then_installs_the_compiled_target_a
 
 def test_the_output_layer_route_is_chosen_from_given_times():
     """choose_routes is pure: the times are given, no clock is read."""
-    from respec.drafters.head_compile import choose_routes
+    from respec.accel.head_compile import choose_routes
     times = {1: {"compiled": 1.3, "eager": 0.7, "transposed": 0.65},     # transposed, well under 90%
              2: {"compiled": 2.6, "eager": 2.0, "transposed": 0.7},
              4: {"compiled": 2.6, "eager": 1.9, "transposed": 0.8},
@@ -254,8 +254,8 @@ def test_head_calls_past_the_small_rows_run_eagerly_where_measured_or_forced(mon
     agree with EAGER_MARGIN); with RESPEC_EAGER_FROM=5, calls of 5 rows and more and their draft
     logits (past the measured routes) run eagerly and equal the eager head, nothing compiles after
     the warm-up, and greedy eagle2 still equals vanilla."""
-    from respec.drafters.head_compile import SMALL_ROWS
-    from respec.models.graph_choice import EAGER_MARGIN
+    from respec.accel.head_compile import SMALL_ROWS
+    from respec.accel.graph_choice import EAGER_MARGIN
     monkeypatch.delenv("RESPEC_EAGER_FROM", raising=False)
     target = make_target("llama", dtype=torch.float32)
     target.enable_compile(progress=False)

@@ -1,10 +1,10 @@
-"""respec/heap.py: a built Runner's objects are frozen out of the garbage collector's full passes
+"""respec/accel/heap.py: a built Runner's objects are frozen out of the garbage collector's full passes
 (a pass over a compiled model's objects stalled a request by over a second), and the app's model
 switch unfreezes them so the old model's cycles stay collectable."""
 import gc
 
-from app.hub import ModelHub
-from respec import heap
+from app.session.hub import ModelHub
+from respec.accel import heap
 from respec.runner import Runner
 from tests.conftest import make_target, run
 

@@ -1,4 +1,4 @@
-"""The run history of the Compare tab (app/history.py, app/tuning.py): rows from metrics, settings
+"""The run history of the Compare tab (app/session/history.py, app/events/tuning.py): rows from metrics, settings
 that differ from the device defaults, a pinned baseline and deltas against it, the median and
 spread of repeats and the noise verdict, the size bound, CSV / JSON / plot views, and (tiny model,
 no server) repeats and failed runs through the page's run handler."""
@@ -8,10 +8,14 @@ import json
 import pandas as pd
 import pytest
 
-from app import history, history_display, tuning
-from app.history import History, HistoryStore, build_row, compare_rows, entry_from_metrics, noise_verdict
-from app.settings import preset_values
-from app.state import SessionState
+from app.session import history
+
+from app.views import history_view as history_display
+
+from app.events import tuning
+from app.session.history import History, HistoryStore, build_row, compare_rows, entry_from_metrics, noise_verdict
+from app.session.settings import preset_values
+from app.session.state import SessionState
 from tests.test_app_render import CAPS, REPEAT, tiny_hub
 
 
@@ -223,9 +227,9 @@ def test_every_repeat_runs_even_when_a_new_run_reuses_a_freed_runs_address(hub, 
     new Run may be allocated at a freed one's address. Here each repeat rebuilds its Runs right
     after clearing the state, so CPython hands out the freed addresses again: every repeat must
     still run, the row must be added, and the run hub and the tab must be free afterwards."""
-    from app import handlers
-    from app.runs import plan_methods
-    from app.state import Run
+    from app.events import handlers
+    from app.events.runs import plan_methods
+    from app.session.state import Run
 
     real = SessionState()
     list(handlers.compare_stream(hub, CAPS, REPEAT, {"max_new_tokens": 6}, True, False, False, real, None))
@@ -286,8 +290,8 @@ def test_an_update_held_back_when_stop_is_pressed_goes_out_as_stopped(hub, monke
     compare_with_history holds each update back one step, so the stream's update from before Stop
     went out after it, and Stop's cancellation could end the stream right there. Every update sent
     once Stop was pressed must say stopped."""
-    from app import handlers
-    from app.text import STOPPED
+    from app.events import handlers
+    from app.views.text import STOPPED
     st = SessionState()
 
     def compare_stream(hub_, caps, prompt, values, include_vanilla, show_rejected, teaching, state, model=None):

@@ -54,8 +54,8 @@ def test_stopping_a_stream_midway_leaves_the_engine_reusable():
 def test_a_run_cancelled_mid_stream_in_the_app_frees_the_model_for_the_next():
     """Stop / a closed tab closes the page's generator mid-run: the tab may run again, the shared
     model's step lock is free, and the next run's trace equals an undisturbed run's."""
-    from app import handlers
-    from app.state import SessionState
+    from app.events import handlers
+    from app.session.state import SessionState
     from tests.test_app_render import CAPS, REPEAT, tiny_hub
     hub = tiny_hub()
     values = {"max_new_tokens": 20, "theta_H": 20.0, "tree.auto": False}   # auto prunes by measured time

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from app.lab import LabRequest, lab_stream, plan
+from app.events.lab import LabRequest, lab_stream, plan
 from respec.errors import ConfigError
 from tests.test_app_render import CAPS, tiny_hub
 

@@ -1,4 +1,4 @@
-"""Small-row linears as W @ x^T (respec/models/linear_layout.py): the same numbers as F.linear, the
+"""Small-row linears as W @ x^T (respec/accel/linear_layout.py): the same numbers as F.linear, the
 plan decides which calls swap (one-row calls as two rows only for its one-row shapes), and greedy
 speculative output still equals vanilla with every linear swapped. No verdict here reads the clock: which layout
 a machine measures faster is its own business; only the plan's shape is checked."""
@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from respec.models import linear_layout as ll
+from respec.accel import linear_layout as ll
 from respec.models.hf import HFTarget
 from respec.models.tiny import tiny_llama, tiny_qwen2
 from tests.conftest import EOS, run
@@ -144,7 +144,7 @@ def test_an_eager_head_plans_its_own_linears_and_its_draft_output_layer(monkeypa
     vanilla's; calls with gradients (training) are never swapped."""
     from respec.config import TreeConfig
     from respec.drafters.eagle2 import Eagle2Drafter
-    from respec.drafters.eagle_head import random_head
+    from respec.drafters.heads.eagle import random_head
     monkeypatch.setenv("RESPEC_LINEAR_LAYOUT", "transposed")
     target = HFTarget(tiny_llama(seed=2, dtype=torch.float32), eos_token_ids=frozenset({EOS}), context_length=256)
     head = random_head(target)

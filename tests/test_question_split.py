@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from respec.bench_questions import load_questions
+from respec.lab.questions import load_questions
 from respec.errors import ConfigError, RespecError
 
 

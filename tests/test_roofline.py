@@ -1,4 +1,4 @@
-"""The roofline bound that scripts/verify_cost.py prints (respec/models/roofline.py)."""
+"""The roofline bound that scripts/verify_cost.py prints (respec/lab/roofline.py)."""
 from __future__ import annotations
 
 import importlib.util
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from respec.models.roofline import MachineLimits, TargetProfile, forward_bound, measure_machine, target_profile
+from respec.lab.roofline import MachineLimits, TargetProfile, forward_bound, measure_machine, target_profile
 from tests.conftest import make_target
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,7 +64,7 @@ def test_the_bound_takes_float32_throughput_where_the_dtypes_own_matmul_is_slowe
     of the two; the dtype's own rate is kept beside it. Which is faster is this machine's business."""
     lim = measure_machine("cpu", torch.bfloat16, copy_mib=8, matmul_n=128, rounds=2)
     assert lim.dtype == "bfloat16" and lim.dtype_gflops > 0 and lim.matmul_gflops >= lim.dtype_gflops
-    from respec.models import roofline
+    from respec.lab import roofline
     rates = {torch.bfloat16: 0.3, torch.float32: 170.0}
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(roofline, "_matmul_gflops", lambda device, dtype, *a, **k: rates[dtype])

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import pytest
 
-from app import handlers, traces
-from app.hub import ModelHub
-from app.state import SessionState
+from app.events import handlers
+
+from app.session import traces
+from app.session.hub import ModelHub
+from app.session.state import SessionState
 
 
 def _branching_steps(result) -> list[int]:

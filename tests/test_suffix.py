@@ -49,7 +49,7 @@ def test_the_library_tree_becomes_a_draft_tree_cut_after_stop_tokens():
 
 
 def _questions(tmp_path, n=2):
-    from respec.bench import Question
+    from respec.lab.bench import Question
     return [Question(i, "qa", ("w5 w17 w33 w9 w71 w4 w88 w12 " * 3,)) for i in range(1, n + 1)]
 
 
@@ -59,7 +59,7 @@ def test_the_global_cache_carries_from_one_bench_question_to_the_next(tmp_path, 
     """Two questions with the same text in one run (as the Lab runs them): with the global cache the
     second drafts from the first's answer from its first step, so it needs fewer target forwards;
     without it both run alike."""
-    from respec.bench import run_bench
+    from respec.lab.bench import run_bench
     from tests.test_app_render import tiny_runner
     runner = tiny_runner()
     base = EngineConfig().with_overrides({"max_new_tokens": 40, "tree.auto": False, "tree.total_tokens": 16,
@@ -78,7 +78,7 @@ def test_the_global_cache_carries_from_one_bench_question_to_the_next(tmp_path, 
 def test_a_bench_never_lets_a_method_see_its_own_earlier_repeat_or_another_methods_answer(tmp_path):
     """One question, two repeats, vanilla and ReSpec (with memory) before suffix: every suffix
     record takes the same steps as with a cold cache, so repeats and other methods leak nothing."""
-    from respec.bench import run_bench
+    from respec.lab.bench import run_bench
     from tests.test_app_render import tiny_runner
     runner = tiny_runner()
     kept, before = runner.memory, len(runner.memory.answers)
@@ -108,7 +108,7 @@ def test_without_the_library_suffix_is_refused_in_one_line_and_the_rest_runs(mon
     with pytest.raises(ConfigError) as err:
         make_drafter("suffix", target, cfg, memory=RunnerMemory())
     assert "arctic-inference" in str(err.value) and "\n" not in str(err.value)
-    from respec.bench import parse_bench_methods
+    from respec.lab.bench import parse_bench_methods
     with pytest.raises(ConfigError, match="arctic-inference"):
         parse_bench_methods("vanilla,suffix")
     assert parse_bench_methods("vanilla,sam") == ["vanilla", "sam"]

@@ -18,7 +18,7 @@ import torch
 
 from respec.config import EngineConfig, device_defaults
 from respec.drafters.eagle2 import Eagle2Drafter
-from respec.drafters.eagle_head import random_head
+from respec.drafters.heads.eagle import random_head
 from respec.engine import Engine
 from respec.transfer import Stopwatch, counting
 from tests.conftest import inject_costs, make_target

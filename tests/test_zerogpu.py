@@ -12,18 +12,18 @@ import pytest
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
-from app import ui  # noqa: E402
-from app.settings import preset_values  # noqa: E402
-from app.state import SessionState  # noqa: E402
-from app.text import STOPPED  # noqa: E402
+from app.page import ui  # noqa: E402
+from app.session.settings import preset_values  # noqa: E402
+from app.session.state import SessionState  # noqa: E402
+from app.views.text import STOPPED  # noqa: E402
 from tests import zerogpu_standin  # noqa: E402
 from tests.test_app_render import CAPS, REPEAT, tiny_hub  # noqa: E402
 
 
 @pytest.fixture
 def demo(monkeypatch):
-    import app.gpu
-    monkeypatch.setattr(app.gpu, "_spaces", zerogpu_standin)
+    import app.page.gpu
+    monkeypatch.setattr(app.page.gpu, "_spaces", zerogpu_standin)
     monkeypatch.setenv("RESPEC_STREAM_INTERVAL", "0")       # an update per step: Stop lands mid-run
     blocks = ui.build_demo(hub=tiny_hub(), caps=CAPS)
     yield blocks

@@ -1,5 +1,5 @@
 () => {
-  // The page's script (app/ui.py runs it on load): (1) a plot updated while its tab was hidden is
+  // The page's script (app/page/ui.py runs it on load): (1) a plot updated while its tab was hidden is
   // sized wrongly by plotly, so plots are resized when a tab is shown; (2) clicking a point of the
   // entropy plot selects its step (plotly_click -> the hidden number #entropy-click -> its change event).
   document.addEventListener('click', (ev) => {

@@ -22,7 +22,7 @@ def make_drafter(method: str, target, config: EngineConfig, head=None, memory=No
     """`memory`: the runner's RunnerMemory (the `suffix` method's trees, ReSpec's earlier answers
     and the EAGLE head's back-off across requests; nothing carried over when None)."""
     from respec.drafters.eagle2 import Eagle2Drafter
-    from respec.drafters.eagle_head import random_head
+    from respec.drafters.heads.eagle import random_head
     from respec.drafters.respec import VARIANTS, ReSpecDrafter
     from respec.drafters.sam import SamDrafter
     from respec.drafters.vanilla import VanillaDrafter

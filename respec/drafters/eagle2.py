@@ -1,6 +1,6 @@
 """EAGLE-2 model drafter: the dynamic tree search and the drafter that keeps the head's KV cache in
 sync with the committed text (catch-up). The head itself (module, checkpoints) is
-respec/drafters/eagle_head.py.
+respec/drafters/heads/eagle.py.
 
 Contract (ALGORITHMS.md §4):
 - Inputs are shifted by one: the head sees pairs (f_t, x_{t+1}), f_t the target's final-norm feature
@@ -38,8 +38,8 @@ from respec.drafters.probe import bound_hits, check_vocab
 # the search (respec/drafters/eagle_search.py); its names stay importable from here
 from respec.drafters.eagle_search import ExpandRule, StepFn, expand_tree  # noqa: F401
 # The head's public names stay importable from here for respec.train, respec.cli and scripts/.
-from respec.drafters.eagle_head import (EagleHead, LMHead, load_eagle_head, random_head,  # noqa: F401
-                                        resolve_head_dir, save_eagle_head)
+from respec.drafters.heads.eagle import EagleHead, LMHead, random_head  # noqa: F401
+from respec.drafters.heads.checkpoint import load_eagle_head, resolve_head_dir, save_eagle_head  # noqa: F401
 from respec.models.attention import additive_mask
 from respec.models.base import TargetModel
 from respec.models.kv import slab_cache

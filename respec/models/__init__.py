@@ -9,9 +9,9 @@ __all__ = ["TargetModel", "TargetOutput", "load_target"]
 def load_target(spec: str = "default", device: str = "auto", dtype: str = "auto", compile: str = "off"):
     """Load a target ("default" | HF hub id | local HF dir | .gguf path) and wrap it as an HFTarget
     (tokenizer attached as `.tokenizer`, load facts as `.loaded`). `compile="on"` compiles its
-    forward and warms it up before returning (respec/models/compiled.py). Raises ModelLoadError,
+    forward and warms it up before returning (respec/accel/compiled.py). Raises ModelLoadError,
     or ValueError for a bad `compile`."""
-    from respec.models.compiled import check_compile_choice
+    from respec.accel.compiled import check_compile_choice
     from respec.models.hf import HFTarget
     from respec.models.loading import load_model
 

@@ -12,7 +12,7 @@ mask; respec/transfer.py), and forward_tree hands the uploaded tokens and parent
 layer along the sequence axis, then crops
 (`DynamicCache.crop` takes a NEGATIVE count in transformers 5; see shared/models/README.md §3.2).
 Eager CPU forwards (and a tree's output layer) run the linears that `linear_layouts`
-measured faster that way as W @ x^T (one-row ones as two rows) (respec/models/linear_layout.py; a function
+measured faster that way as W @ x^T (one-row ones as two rows) (respec/accel/linear_layout.py; a function
 mode around the call, the model untouched). No modeling file is forked or patched.
 
 Installed-version and placement guards (respec/models/compat.py): the cache goes in under the
@@ -34,12 +34,12 @@ from transformers import DynamicCache
 
 from respec.models.base import TargetOutput
 from respec.models.compat import cache_kwarg, check_placement, check_transformers, cuda_devices
-from respec.models.compiled import (branching_tree, bucket_edges, bucket_for, compile_base, compile_logits, first_rows,
+from respec.accel.compiled import (branching_tree, bucket_edges, bucket_for, compile_base, compile_logits, first_rows,
                                     forced_buckets, one_row_as_two, one_row_options, pad_one_token, pad_rows,
                                     tree_buckets, warm_up)
-from respec.models.graph_choice import choose_buckets, choose_eager_from, fastest_of_rounds, forced_eager_from
+from respec.accel.graph_choice import choose_buckets, choose_eager_from, fastest_of_rounds, forced_eager_from
 from respec.models.attention import additive_mask, use_tree_attention
-from respec.models.linear_layout import LinearLayouts, linear_layouts
+from respec.accel.linear_layout import LinearLayouts, linear_layouts
 from respec.models.kv import reserve, slab_cache
 from respec.transfer import barrier, upload, upload_parts
 from respec.tree import DraftTree
@@ -56,7 +56,7 @@ class HFTarget:
         check_placement(model, name)
         self.model = model.eval()
         # eager forwards hand some linears to the BLAS as W @ x^T where this CPU runs them
-        # faster that way (respec/models/linear_layout.py; measured here unless given, as a twin is)
+        # faster that way (respec/accel/linear_layout.py; measured here unless given, as a twin is)
         self.linear_layouts = layouts if layouts is not None else linear_layouts(model)
         # masked multi-token forwards skip repeat_kv on the CPU (attention.py); other models get no extra kwarg
         self._tree_kwargs = {"respec_gqa": True} if use_tree_attention(model) else {}
@@ -228,7 +228,7 @@ class HFTarget:
         return self._buckets
 
     def enable_compile(self, progress: bool = True, pause=None) -> float:
-        """Compile the base forward and pay its compiles now (respec/models/compiled.py); returns
+        """Compile the base forward and pay its compiles now (respec/accel/compiled.py); returns
         the warm-up's seconds (`pause`: see compiled.warm_up). Measured verify-cost curves are
         dropped (they timed the eager forward)."""
         if self._compiled is not None:

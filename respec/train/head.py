@@ -47,7 +47,7 @@ def make_head(target, *, seed: int = 0, init_from_last_layer: bool = False, arch
     qkv_bias = getattr(getattr(last.self_attn, "q_proj", None), "bias", None) is not None
     dtype = train_dtype(target)
     if arch == "eagle3":
-        from respec.drafters.eagle3_head import random_eagle3_head
+        from respec.drafters.heads.eagle3 import random_eagle3_head
         head = random_eagle3_head(target, seed=seed, qkv_bias=qkv_bias, draft_vocab=draft_vocab).to(dtype=dtype)
     else:
         head = random_head(target, seed=seed, qkv_bias=qkv_bias).to(dtype=dtype)

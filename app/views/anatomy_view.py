@@ -1,0 +1,151 @@
+"""Why a draft pays or not, as the page shows it (respec/anatomy.py computes it): acceptance by
+draft position, the speedup's anatomy as a waterfall, and this machine's verify-cost curve.
+
+Contract: `depth_metrics(result)` and `anatomy_metrics(result, vanilla)` are the JSON blocks of a
+run's metrics (`/compare`, the metrics table); `holds_sentence(result)` says how long each
+source's drafts hold, as a teacher would; `run_depth_line(result)` is the explorer's one line for
+the run on screen; `anatomy_figure(runs, vanilla)` is Compare's three-panel chart (acceptance by
+depth, one line per run; the waterfall from tokens per forward to the measured speedup, with the
+cost model's prediction as a marker; the verify-cost curve recorded in the trace);
+`waterfall_figure(items)` draws the waterfall alone (the Lab's, from bench summary rows).
+Pure functions of finished results; nothing at import.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from app.views.plot_style import FONT, empty_figure
+from app.views.text import COLORS
+from respec.anatomy import DRAFT_SOURCES, acceptance_by_depth, anatomy, totals_of
+
+SOURCE_NAMES = {"eagle": "EAGLE", "retrieval": "retrieval"}
+MAX_DEPTH = 8        # depths shown (deeper ones are rare and their rates noisy)
+
+
+def _r(x: float | None, digits: int = 4) -> float | None:
+    return None if x is None else round(float(x), digits)
+
+
+def depth_metrics(result) -> dict[str, Any]:
+    """accept_at_depth[d-1] (accepted / reached draft tokens at depth d), per source, the share of
+    drafting steps reaching d, and the accepted tokens a draft holds per source."""
+    t = acceptance_by_depth(result.steps)
+    depths = range(1, min(t.depth, MAX_DEPTH) + 1)
+    return {"accept_at_depth": [_r(t.rate(d)) for d in depths],
+            "accept_at_depth_by_source": {s: [_r(t.rate(d, s)) for d in depths] for s in DRAFT_SOURCES
+                                          if t.drafting_steps.get(s) or t.reached.get(s)},
+            "reach_depth": [_r(t.reach(d)) for d in depths],
+            "drafts_hold": {s: _r(t.hold(s), 3) for s in DRAFT_SOURCES if t.hold(s) is not None}}
+
+
+def anatomy_metrics(result, vanilla) -> dict[str, Any] | None:
+    """The speedup's factors against `vanilla` (None without it)."""
+    if vanilla is None or not vanilla.tokens or vanilla.wall_time_s <= 0 or result.wall_time_s <= 0:
+        return None
+    return anatomy(totals_of(result), totals_of(vanilla)).to_dict()
+
+
+def holds_sentence(result) -> str:
+    """"EAGLE's drafts hold for 1.40 tokens, retrieval's for 3.10" ("" when nothing was drafted)."""
+    t = acceptance_by_depth(result.steps)
+    held = [(SOURCE_NAMES[s], t.hold(s)) for s in DRAFT_SOURCES if t.hold(s) is not None]
+    return ", ".join(f"{name}'s drafts hold for {h:.2f} tokens" if i == 0 else f"{name}'s for {h:.2f}"
+                     for i, (name, h) in enumerate(held))
+
+
+def run_depth_line(result) -> str:
+    """One line for the run on screen: acceptance at each draft depth and how long drafts hold."""
+    t = acceptance_by_depth(result.steps)
+    if not t.depth:
+        return "This run drafted nothing."
+    rates = " · ".join(f"{d}: {t.rate(d):.0%}" for d in range(1, min(t.depth, MAX_DEPTH) + 1) if t.rate(d) is not None)
+    hold = holds_sentence(result)
+    return f"Accepted by draft position (this run) — {rates}" + (f"; {hold}." if hold else ".")
+
+
+def anatomy_figure(runs: Sequence[tuple[str, Any]], vanilla=None, height: int = 340):
+    """Compare's chart: acceptance by depth | speedup waterfall | verify-cost curve."""
+
+    if not runs:
+        return empty_figure("no runs yet", height)
+    fig = make_subplots(rows=1, cols=3, column_widths=[0.36, 0.4, 0.24], horizontal_spacing=0.08,
+                        subplot_titles=("accepted by draft position", "speedup = tokens/forward × cost",
+                                        "verify cost on this machine"))
+    palette = [COLORS["retrieval"], COLORS["eagle"], "#777777", COLORS["relaxed"]]
+    for k, (label, r) in enumerate(runs):
+        m = depth_metrics(r)
+        ys = m["accept_at_depth"]
+        if ys:
+            fig.add_trace(go.Scatter(x=list(range(1, len(ys) + 1)), y=ys, mode="lines+markers", name=label,
+                                     line=dict(color=palette[k % len(palette)]), legendgroup=label), row=1, col=1)
+    items = []
+    for label, r in runs:
+        a = anatomy_metrics(r, vanilla) if r is not vanilla else None
+        if a is not None:
+            items.append((label, a["tokens_per_forward"], a["speedup"], a.get("predicted_tokens")))
+    if items:
+        for trace in waterfall_traces(items):
+            fig.add_trace(trace, row=1, col=2)
+    else:
+        fig.add_annotation(text="tick “also run vanilla” to measure it", showarrow=False, row=1, col=2,
+                           xref="x2 domain", yref="y2 domain", x=0.5, y=0.5)
+    curve = _curve(runs)
+    if curve:
+        sizes = sorted(curve)
+        fig.add_trace(go.Scatter(x=sizes, y=[curve[n] / curve[sizes[0]] for n in sizes], mode="lines+markers",
+                                 name="ms / one-token ms", line=dict(color="#444444"), showlegend=False,
+                                 hovertemplate="%{x} tokens: %{y:.2f}× a one-token forward<extra></extra>"), row=1, col=3)
+    fig.update_xaxes(title_text="draft depth", dtick=1, row=1, col=1)
+    fig.update_yaxes(title_text="accepted / reached", range=[0, 1.05], row=1, col=1)
+    fig.update_xaxes(title_text="tree tokens", row=1, col=3)
+    fig.update_yaxes(title_text="× one token", row=1, col=3)
+    fig.update_layout(height=height, font=FONT, template="plotly_white", barmode="group",
+                      margin=dict(l=10, r=10, t=48, b=36), legend=dict(orientation="h", y=-0.22, x=0))
+    return fig
+
+
+def waterfall_traces(items: Sequence[tuple[str, float, float, float | None]]) -> list:
+    """One waterfall per (label, tokens per forward, measured speedup, predicted tokens per step):
+    tokens per forward, then the cost factor (a step's cost in plain steps, as a drop), ending at
+    the measured speedup; the cost model's predicted tokens per planned step as a marker."""
+    traces = []
+    for label, tpf, speedup, predicted in items:
+        traces.append(go.Waterfall(
+            name=label, x=["tokens / forward", "× cost", "speedup"], measure=["absolute", "relative", "total"],
+            y=[tpf, speedup - tpf, speedup],
+            text=[f"{label}<br>{tpf:.2f}", f"×{speedup / tpf:.2f}" if tpf else "", f"{label}<br>{speedup:.2f}×"],
+            textposition="outside", legendgroup=label, showlegend=False,
+            connector=dict(line=dict(color="#bbbbbb"))))
+        if predicted is not None:
+            traces.append(go.Scatter(x=["tokens / forward"], y=[predicted], mode="markers", name=f"{label}: predicted",
+                                     marker=dict(symbol="diamond-open", size=11, color="#222222"),
+                                     legendgroup=label, showlegend=False,
+                                     hovertemplate="cost model predicted %{y:.2f} tokens per planned step<extra></extra>"))
+    return traces
+
+
+def waterfall_figure(items: Sequence[tuple[str, float, float, float | None]], title: str, height: int = 380):
+    """The waterfall alone (the Lab's overall rows)."""
+
+    fig = go.Figure(waterfall_traces(items))
+    fig.update_layout(title=title, height=height, font=FONT, template="plotly_white", waterfallgroupgap=0.3,
+                      yaxis_title="tokens per forward → speedup")
+    return fig
+
+
+def _curve(runs) -> dict[int, float]:
+    """The verify-cost curve a trace recorded (meta "verify_cost_ms": {size: ms}), from the first
+    run that has one."""
+    for _, r in runs:
+        raw = (r.meta or {}).get("verify_cost_ms") if hasattr(r, "meta") else None
+        if isinstance(raw, dict) and raw:
+            try:
+                curve = {int(k): float(v) for k, v in raw.items()}
+            except (TypeError, ValueError):
+                continue
+            if curve and min(curve.values()) > 0:
+                return curve
+    return {}
