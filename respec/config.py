@@ -60,6 +60,14 @@ def one_of(value: Any, choices: Sequence[str], what: str) -> str:
     return v
 
 
+COMPILE_CHOICES = ("off", "on")
+
+
+def check_compile_choice(value: str) -> str:
+    """--compile / RESPEC_COMPILE: 'on' | 'off' (case-insensitive); ValueError naming the choices otherwise."""
+    return one_of(value, COMPILE_CHOICES, "--compile")
+
+
 def is_lossless(config: "EngineConfig") -> bool:
     """True when the method must reproduce vanilla decoding (strict verification or sampling)."""
     return config.method not in RELAXED_METHODS or config.relax.budget == 0 or not config.greedy

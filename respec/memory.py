@@ -30,9 +30,10 @@ class RunnerMemory:
     def __init__(self) -> None:
         self.suffix = SuffixMemory()
         self.answers = AnswerMemory()
-        self._backoff: dict[tuple[str, bool], HeadBackoff] = {}
+        self._backoff: dict[tuple[str, str], HeadBackoff] = {}
 
-    def head_backoff(self, method: str, compiled: bool) -> HeadBackoff:
-        """The head's back-off record for `method` on a compiled or eager forward (created empty):
-        a compiled and an eager step price drafting differently, so neither inherits the other's."""
-        return self._backoff.setdefault((method, bool(compiled)), HeadBackoff())
+    def head_backoff(self, method: str, forward: str) -> HeadBackoff:
+        """The head's back-off record for `method` on a "compiled" or "eager" forward
+        (`ForwardInfo.mode`; created empty): a compiled and an eager step price drafting
+        differently, so neither inherits the other's."""
+        return self._backoff.setdefault((method, forward), HeadBackoff())

@@ -35,15 +35,40 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 import torch
+import transformers
 
-from respec.accel import heap
-from respec.config import EngineConfig
+from respec.config import EngineConfig, device_defaults
 from respec.drafters import make_drafter
+from respec.cost import cost_max_size
+from respec.drafters.heads.checkpoint import load_eagle_head
+from respec.drafters.heads.eagle import random_head
 from respec.engine import Engine
 from respec.errors import ConfigError
+from respec.memory import RunnerMemory
+from respec.prompting import encode_prompt
 from respec.trace import GenerationResult, StepTrace
 
+try:     # the speed machinery is optional: without respec.accel the runner serves eagerly
+    from respec.accel import heap
+    from respec.accel.head_compile import adopt_compiled_head, compile_head, compile_head_for
+except ImportError:
+    heap = adopt_compiled_head = compile_head = compile_head_for = None
+
 log = logging.getLogger("respec")
+
+
+def settle_memory() -> None:
+    """The objects alive now out of the garbage collector's full passes (respec/accel/heap.py
+    `settle`; nothing without respec.accel): after a model's load or compile."""
+    if heap is not None:
+        heap.settle()
+
+
+def release_memory() -> None:
+    """Before a model is dropped (the app's model switch): what `settle_memory` froze becomes
+    collectable again (respec/accel/heap.py `release`)."""
+    if heap is not None:
+        heap.release()
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_HEAD_DIR = ASSETS / "eagle" / "smollm2-135m-instruct"
@@ -88,11 +113,6 @@ def parse_model_choices(text: str) -> list[ModelChoice]:
 
 class Runner:
     def __init__(self, target, head: str | None = None) -> None:
-        from respec.drafters.heads.eagle import random_head
-        from respec.drafters.heads.checkpoint import load_eagle_head
-
-        from respec.memory import RunnerMemory
-
         self.target = target
         self.tokenizer = target.tokenizer
         self.memory = RunnerMemory()           # suffix trees and earlier answers across this runner's requests
@@ -108,9 +128,9 @@ class Runner:
             self.head_info = "random (untrained; lossless but accepts little)"
         # "off" | "on" | "compiling" (compile_later) | "failed: <why>" (serving stays eager)
         self.compile_state = "off"
-        if getattr(target, "compiled", False):     # pay the head's compiles at load, not in a first request
+        if target.describe_forward().compiled:     # pay the head's compiles at load, not in a first request
             self._compile_head(progress=True)
-        heap.settle()                              # the model's objects out of the collector's passes
+        settle_memory()                            # the model's objects out of the collector's passes
 
     def compile_later(self, lock=None, progress: bool = False, background: bool = True,
                       pause: Callable[[], None] | None = None) -> threading.Thread | None:
@@ -137,12 +157,14 @@ class Runner:
     def _compile_in_place(self, progress: bool) -> None:
         self.target.enable_compile(progress=progress)
         self._compile_head(progress)
-        heap.settle()
+        settle_memory()
 
     def _compile_head(self, progress: bool) -> None:
         """The head's compiles for the (compiled) target, and the target's graphs that return layer
         inputs when the head reads them (EAGLE-3)."""
-        self.head.enable_compile(self.target, progress=progress)
+        if compile_head is None:
+            raise ConfigError("compiling needs respec.accel, which cannot be imported here; run with --compile off")
+        compile_head(self.head, self.target, progress=progress)
         if self.head.feature_layers is not None:
             self.target.use_features(self.head.feature_layers)
         self.compile_state = "on"
@@ -157,12 +179,12 @@ class Runner:
         try:
             twin = self.target.twin()
             twin.enable_compile(progress=progress, pause=pause)
-            head = self.head.compile_for(twin, progress=progress, pause=pause)
+            head = compile_head_for(self.head, twin, progress=progress, pause=pause)
             sys.settrace(None)                 # before taking the lock the trace function watches
             with guard:                        # between two steps of whatever runs
                 self.target.adopt_compiled(twin)
-                self.head.adopt_compiled(head, self.target)
-                heap.settle()                  # the graphs' objects, before the next step runs
+                adopt_compiled_head(self.head, head, self.target)
+                settle_memory()                  # the graphs' objects, before the next step runs
         except Exception as exc:  # noqa: BLE001 - serving goes on eagerly; the cause is logged and kept
             self.compile_state = f"failed: {type(exc).__name__}: {exc}"
             log.warning("compiling %s's forward failed; it stays eager: %s", self.target.name, exc, exc_info=True)
@@ -177,7 +199,6 @@ class Runner:
         """EngineConfig for this target's device: device defaults (respec.config.device_defaults),
         then `overrides` (dotted keys or aliases, as from the CLI / app settings JSON), then keyword
         settings (aliases or top-level names: `runner.config(method="sam", max_new_tokens=64)`)."""
-        from respec.config import device_defaults
         base = EngineConfig().with_overrides(device_defaults(self.target.device.type))
         return base.with_overrides({**dict(overrides or {}), **settings})
 
@@ -198,27 +219,23 @@ class Runner:
     def engine(self, config: EngineConfig) -> Engine:
         if config.tree.auto and config.method != "vanilla":
             # measured once per target and size, here rather than inside the first timed run
-            from respec.cost import cost_max_size
             self.target.verify_cost_curve(max_size=cost_max_size(config))
         drafter = make_drafter(config.method, self.target, config, head=self.head, memory=self.memory)
         return Engine(self.target, drafter, config, tokenizer=self.tokenizer, no_relax_ids=self.no_relax_ids)
 
     def encode(self, prompt: str | list[dict], chat: bool = True, max_tokens: int | None = None) -> list[int]:
         """Prompt -> ids; PromptError if empty, not text, or over `max_tokens` (a deployment cap)."""
-        from respec.prompting import encode_prompt
         return encode_prompt(self.tokenizer, prompt, chat=chat, max_tokens=max_tokens)
 
     def meta(self, config: EngineConfig, prompt: str | list[dict] | None = None) -> dict:
-        import transformers
         loaded = self.target.loaded
+        forward = self.target.describe_forward()
         return {"model": self.target.name if loaded is None else loaded.name,
                 "model_source": "" if loaded is None else str(loaded.source),
                 "device": str(self.target.device), "dtype": str(self.target.dtype).replace("torch.", ""),
-                "eagle_head": self.head_info, "forward": "compiled" if getattr(self.target, "compiled", False) else "eager",
-                "linear_layout": layouts.describe() if (layouts := getattr(self.target, "linear_layouts", None)) else "",
+                "eagle_head": self.head_info, "forward": forward.mode, "linear_layout": forward.linear_layout,
                 "head_output_layer": self.head.output_layer_routes(),
-                "static_buckets": list(getattr(self.target, "buckets", ())),
-                "eager_from_rows": getattr(self.target, "eager_from", None),
+                "static_buckets": list(forward.static_buckets), "eager_from_rows": forward.eager_from_rows,
                 "method": config.method, "seed": config.sampling.seed,
                 "prompt": prompt, "torch": torch.__version__, "transformers": transformers.__version__,
                 "python": platform.python_version()}

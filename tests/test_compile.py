@@ -41,13 +41,13 @@ def pair():
     compiled.enable_compile(progress=False)
     # the tests below check the symbolic-row graph: larger trees stay compiled whatever this
     # machine measured (graph_choice.choose_eager_from; test_larger_trees_run_eagerly_... checks that)
-    compiled._eager_from = None
+    compiled.fast.eager_from = None
     return eager, compiled
 
 
 def test_compiled_logits_equal_eager_for_trees_over_growing_contexts(pair):
     eager, compiled = pair
-    assert compiled.compiled and not eager.compiled and compiled._compiled_logits is not None   # the output layer too
+    assert compiled.compiled and not eager.compiled and compiled.fast.logits is not None   # the output layer too
     rng = random.Random(0)
     a, b = eager.prefill(PROMPT), compiled.prefill(PROMPT)
     torch.testing.assert_close(b.logits, a.logits, rtol=1e-4, atol=1e-4)
@@ -72,7 +72,7 @@ def test_no_recompilation_after_warm_up_across_mixed_tree_sizes():
     (one token, chains, branching trees, over grown caches)."""
     compiled = make_target("llama", dtype=torch.float32)
     compiled.enable_compile(progress=False)
-    compiled._eager_from = None                               # the symbolic graph too (see `pair`)
+    compiled.fast.eager_from = None                               # the symbolic graph too (see `pair`)
     rng = random.Random(1)
     compiled.prefill(PROMPT[:9])
     before = compile_count()
@@ -142,18 +142,18 @@ def test_a_one_token_step_run_as_two_rows_equals_the_one_row_graph(pair):
     from respec.accel.compiled import one_row_as_two
 
     _, compiled = pair
-    assert compiled._pad_one == one_row_as_two(compiled.device, torch.float32)
+    assert compiled.fast.pad_one == one_row_as_two(compiled.device, torch.float32)
     assert not one_row_as_two(compiled.device, torch.bfloat16)
     outs = {}
     for pad in (True, False):
-        compiled._pad_one = pad
+        compiled.fast.pad_one = pad
         compiled.prefill(PROMPT)
         for step, token in enumerate((7, 11, 13)):
             out = compiled.forward_tree(DraftTree.root_only(token))
             compiled.keep([0])
             assert compiled.kv_len == len(PROMPT) + step + 1
             outs.setdefault(pad, []).append(out)
-    compiled._pad_one = one_row_as_two(compiled.device, torch.float32)
+    compiled.fast.pad_one = one_row_as_two(compiled.device, torch.float32)
     for a, b in zip(outs[True], outs[False]):
         assert a.logits.shape == b.logits.shape == (1, compiled.vocab_size)
         torch.testing.assert_close(a.logits, b.logits, rtol=1e-4, atol=1e-4)
@@ -168,7 +168,7 @@ def test_the_compiled_cost_curve_is_measured_at_3_rows_past_the_static_two_row_g
     eager, compiled = pair
     monkeypatch.setattr(compiled, "_buckets", ())          # no bucket edge: the two-row graph's alone
     monkeypatch.setattr(compiled, "_cost_curves", {})
-    assert compiled._two_rows and not eager._two_rows
+    assert compiled.fast.two_rows and eager.fast is None
     assert {1, 2, 3, 4, 8, 10} == set(compiled.verify_cost_curve(max_size=10, context=16, reps=0))
     assert {1, 2, 4, 8, 10} == set(eager.verify_cost_curve(max_size=10, context=16, reps=0))
 
@@ -183,8 +183,8 @@ def test_trees_padded_to_a_static_bucket_equal_the_unpadded_forward(monkeypatch)
     eager = make_target("llama", dtype=torch.float32)
     compiled = make_target("llama", dtype=torch.float32)
     compiled.enable_compile(progress=False)
-    assert compiled._buckets == (4, 8) and compiled.bucket_choice == {}, "forced: not re-measured"
-    assert compiled.eager_from is None and compiled.eager_choice is None, "forced off: not measured"
+    assert compiled.fast.buckets == (4, 8) and compiled.fast.bucket_choice == {}, "forced: not re-measured"
+    assert compiled.fast.eager_from is None and compiled.fast.eager_choice is None, "forced off: not measured"
     assert compiled.describe_buckets() == "compiled trees padded to static graphs of 4, 8 rows"
     rng = random.Random(4)
     eager.prefill(PROMPT)
@@ -294,15 +294,15 @@ def test_larger_trees_run_eagerly_where_measured_or_forced_and_equal_the_compile
     monkeypatch.delenv("RESPEC_EAGER_FROM", raising=False)
     measured = make_target("llama", dtype=torch.float32)
     measured.enable_compile(progress=False)
-    rows, symbolic, eager_ms = measured.eager_choice
-    assert rows == max(measured.buckets, default=2) + 1 and symbolic > 0 and eager_ms > 0
-    assert measured.eager_from == (rows if eager_ms < EAGER_MARGIN * symbolic else None)
+    rows, symbolic, eager_ms = measured.fast.eager_choice
+    assert rows == max(measured.fast.buckets, default=2) + 1 and symbolic > 0 and eager_ms > 0
+    assert measured.fast.eager_from == (rows if eager_ms < EAGER_MARGIN * symbolic else None)
     assert f"{rows} rows: {symbolic:.1f} ms compiled against {eager_ms:.1f} eager" in measured.describe_buckets()
     monkeypatch.setenv("RESPEC_EAGER_FROM", "9")
     eager = make_target("llama", dtype=torch.float32)
     compiled = make_target("llama", dtype=torch.float32)
     compiled.enable_compile(progress=False)
-    assert compiled.eager_from == 9 and compiled.eager_choice is None
+    assert compiled.fast.eager_from == 9 and compiled.fast.eager_choice is None
     assert [compiled.runs_compiled(n) for n in (1, 2, 8, 9, 33)] == [True, True, True, False, False]
     assert not eager.runs_compiled(1)
     rng = random.Random(7)
@@ -364,11 +364,11 @@ def test_the_default_float32_buckets_are_measured_at_warm_up_and_kept_only_where
     from respec.accel.compiled import FLOAT32_BUCKETS
     from respec.accel.graph_choice import BUCKET_MARGIN
     _, compiled = pair
-    choice = compiled.bucket_choice
+    choice = compiled.fast.bucket_choice
     assert choice and set(choice) <= set(FLOAT32_BUCKETS) and min(choice) == FLOAT32_BUCKETS[0]
-    assert set(compiled._buckets) <= set(choice)
+    assert set(compiled.fast.buckets) <= set(choice)
     for b, (rows, padded, symbolic) in choice.items():
         assert 3 <= rows <= b and padded > 0 and symbolic > 0
-        assert (b in compiled._buckets) == (padded < BUCKET_MARGIN * symbolic)
+        assert (b in compiled.fast.buckets) == (padded < BUCKET_MARGIN * symbolic)
         assert f"{b} rows: {rows} padded" in compiled.describe_buckets()
-    assert compiled.buckets == compiled._buckets
+    assert compiled.describe_forward().static_buckets == compiled.fast.buckets

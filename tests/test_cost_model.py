@@ -202,12 +202,12 @@ def test_a_head_switched_off_in_one_request_backs_off_further_in_the_runners_nex
         return out.steps[0].decision.reason
 
     assert "head off for 4 steps" in first_probe(memory)          # 0 of many rows: two misses
-    record = memory.head_backoff("eagle2", compiled=False)
+    record = memory.head_backoff("eagle2", forward="eager")
     assert record.off and record.misses == 2
     assert "head off for 16 steps" in first_probe(memory)         # the misses went on: 4
-    assert memory.head_backoff("eagle2", compiled=False).misses == 4
+    assert memory.head_backoff("eagle2", forward="eager").misses == 4
     assert "head off for 4 steps" in first_probe(None)            # no memory: nothing carried
-    assert not memory.head_backoff("sam", compiled=False).off and not memory.head_backoff("eagle2", True).off
+    assert not memory.head_backoff("sam", forward="eager").off and not memory.head_backoff("eagle2", "compiled").off
 
 
 def test_a_head_that_predicts_well_passes_its_probe_and_drafts():

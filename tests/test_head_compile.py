@@ -18,6 +18,7 @@ from respec.drafters.heads.eagle import random_head
 from respec.accel.head_compile import ROUTES
 from respec.models.attention import additive_mask
 from respec.accel.compiled import compile_count
+from respec.accel.head_compile import compile_head
 from respec.models.kv import INITIAL_CAPACITY, slab_cache
 from respec.runner import Runner
 from tests.conftest import make_target, run
@@ -37,16 +38,16 @@ def compiled_pair(request):
     target = make_target(arch, dtype=torch.float32)
     target.enable_compile(progress=False)
     eager_head, head = _head(kind, target), _head(kind, target)    # same seed: the same weights
-    seconds = head.enable_compile(target, progress=False)
+    seconds = compile_head(head, target, progress=False)
     # the tests below check the symbolic-row graphs: larger calls stay compiled whatever this machine
     # measured (CompiledHead.choose_eager; test_head_calls_past_the_small_rows_run_eagerly_... checks that)
-    head._compiled.eager_from = None
+    head.route.eager_from = None
     return target, eager_head, head, seconds
 
 
 def test_compiled_head_equals_eager_for_catch_ups_and_trees_over_a_growing_cache(compiled_pair):
     target, eager_head, head, _ = compiled_pair
-    assert head._compiled is not None and eager_head._compiled is None
+    assert head.route is not None and eager_head.route is None
     # (rows, tree mask?): a first catch-up, one-row and tree steps, a feed past the first capacity
     _assert_calls_equal(target, eager_head, head, [(20, False), (1, False), (3, False), (4, True), (1, True),
                                                    (INITIAL_CAPACITY, False), (2, False), (5, True)], seed=0)
@@ -116,7 +117,7 @@ def test_calls_of_a_few_rows_run_the_static_small_row_graphs_and_larger_ones_the
     the warm-up neither compiles."""
     from respec.accel.head_compile import SMALL_ROWS
     target, _, head, _ = compiled_pair
-    ch = head._compiled
+    ch = head.route
     assert ch.small_fn is not None, "a CPU compiles the small-row graphs"
     width = head.fc.in_features // (1 if head.feature_layers is not None else 2)
     calls: list[tuple[str, int]] = []
@@ -150,13 +151,13 @@ def test_calls_of_a_few_rows_run_the_static_small_row_graphs_and_larger_ones_the
 
 def test_an_eager_target_leaves_the_head_eager_and_compiling_twice_is_free(compiled_pair):
     target, _, head, seconds = compiled_pair
-    assert seconds > 0 and head.enable_compile(target, progress=False) == 0.0
+    assert seconds > 0 and compile_head(head, target, progress=False) == 0.0
     eager_target = make_target("llama", dtype=torch.float32)
     fresh = random_head(eager_target, seed=3)
     Eagle2Drafter(eager_target, fresh, TreeConfig())
-    assert fresh._compiled is None
+    assert fresh.route is None
     Eagle2Drafter(target, head, TreeConfig())         # already compiled: no new warm-up
-    assert head._compiled.target is target
+    assert head.route.target is target
 
 
 def test_a_background_compile_serves_eagerly_then_installs_the_compiled_target_and_head():
@@ -177,7 +178,7 @@ def test_a_background_compile_serves_eagerly_then_installs_the_compiled_target_a
     thread.join(timeout=600)
     assert not thread.is_alive() and runner.compile_state == "on"
     assert len(pauses) >= 14, "the compile paused before each warm-up shape (and while the run held the lock)"
-    assert target.compiled and runner.head._compiled.target is target and runner.meta(cfg)["forward"] == "compiled"
+    assert target.compiled and runner.head.route.target is target and runner.meta(cfg)["forward"] == "compiled"
     before = compile_count()
     for _ in range(2):
         assert runner.engine(cfg).generate(PROMPT).tokens == ref
@@ -205,7 +206,7 @@ def test_the_output_layer_route_is_chosen_from_given_times():
 
 def test_every_output_layer_route_gives_the_compiled_logits_and_draft_logits_follows_the_routes(compiled_pair, monkeypatch):
     target, eager_head, head, _ = compiled_pair
-    compiled = head._compiled
+    compiled = head.route
     saved = dict(compiled.routes)
     g = torch.Generator().manual_seed(1)
     before = compile_count()
@@ -236,7 +237,7 @@ def test_every_output_layer_route_gives_the_compiled_logits_and_draft_logits_fol
 @pytest.mark.parametrize("route", ["eager", "transposed", "pretransposed"])
 def test_greedy_eagle2_equals_vanilla_with_the_output_layer_routed_eagerly(compiled_pair, route):
     target, _, head, _ = compiled_pair
-    compiled = head._compiled
+    compiled = head.route
     saved = dict(compiled.routes)
     compiled.routes = {rows: route for rows in range(1, 33)}
     try:
@@ -260,15 +261,15 @@ def test_head_calls_past_the_small_rows_run_eagerly_where_measured_or_forced(mon
     target = make_target("llama", dtype=torch.float32)
     target.enable_compile(progress=False)
     measured = _head("eagle", target)
-    measured.enable_compile(target, progress=False)
-    rows, compiled_ms, eager_ms = measured._compiled.eager_choice
+    compile_head(measured, target, progress=False)
+    rows, compiled_ms, eager_ms = measured.route.eager_choice
     assert rows == SMALL_ROWS + 1 and compiled_ms > 0 and eager_ms > 0
-    assert measured._compiled.eager_from == (rows if eager_ms < EAGER_MARGIN * compiled_ms else None)
-    assert f"{rows} rows: {compiled_ms:.1f} ms compiled" in measured._compiled.describe_routes()
+    assert measured.route.eager_from == (rows if eager_ms < EAGER_MARGIN * compiled_ms else None)
+    assert f"{rows} rows: {compiled_ms:.1f} ms compiled" in measured.route.describe_routes()
     monkeypatch.setenv("RESPEC_EAGER_FROM", "5")
     eager_head, head = _head("eagle", target), _head("eagle", target)
-    head.enable_compile(target, progress=False)
-    assert head._compiled.eager_from == 5 and head._compiled.eager_choice is None
+    compile_head(head, target, progress=False)
+    assert head.route.eager_from == 5 and head.route.eager_choice is None
     assert "head calls of 5 rows and more eager" in head.output_layer_routes()
     before = compile_count()
     _assert_calls_equal(target, eager_head, head, [(20, False), (1, False), (4, True), (6, True),

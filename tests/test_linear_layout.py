@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from respec.accel import linear_layout as ll
+from respec.accel.head_compile import plan_head_linears
 from respec.models.hf import HFTarget
 from respec.models.tiny import tiny_llama, tiny_qwen2
 from tests.conftest import EOS, run
@@ -150,11 +151,11 @@ def test_an_eager_head_plans_its_own_linears_and_its_draft_output_layer(monkeypa
     head = random_head(target)
     head.draft_vocab = torch.arange(64)
     Eagle2Drafter(target, head, TreeConfig(total_tokens=8, depth=2, top_k=2, auto=False))
-    plan = head._eager_plan[1]
+    plan = head.eager_plan[1]
     shapes = {tuple(m.weight.shape) for m in head.modules() if isinstance(m, torch.nn.Linear)}
     assert set(plan.one_row) == shapes | {(64, target.model.config.hidden_size)}
     monkeypatch.setenv("RESPEC_LINEAR_LAYOUT", "off")
-    assert head.plan_eager_linears(target) is plan, "measured once per target"
+    assert plan_head_linears(head, target) is plan, "measured once per target"
     x = torch.randn(3, 2 * target.model.config.hidden_size)
     with mock.patch.object(ll, "transposed_linear", wraps=ll.transposed_linear) as swapped:
         with torch.no_grad(), head._planned():

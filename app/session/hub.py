@@ -34,9 +34,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from respec.accel import heap
 from respec.errors import ConfigError, ModelLoadError, RespecError
-from respec.runner import ModelChoice, parse_model_choices
+from respec.runner import ModelChoice, parse_model_choices, release_memory
 
 log = logging.getLogger("respec.app")
 
@@ -178,7 +177,7 @@ class ModelHub:
         with self._load_lock:
             if self._runner is None or self._runner_spec != spec:
                 if self._runner is not None:
-                    heap.release()                       # its frozen objects collectable again (respec/accel/heap.py)
+                    release_memory()                     # its frozen objects collectable again (respec/runner.py)
                 self._runner = None                      # free the old model before loading another
                 t0 = time.perf_counter()
                 try:
@@ -270,7 +269,7 @@ def compile_setting() -> str:
     (respec/accel/compiled.py: minutes on a CPU) in the background while the model serves eagerly
     (`Runner.compile_later`; at load on ZeroGPU), "off" (the default, and for a malformed value,
     with a warning) keeps the eager forward."""
-    from respec.accel.compiled import check_compile_choice
+    from respec.config import check_compile_choice
 
     def parse(raw: str) -> str:
         try:

@@ -79,16 +79,9 @@ from typing import Callable
 
 import torch
 
-from respec.config import one_of
+from respec.accel.settings import read_settings
+from respec.config import COMPILE_CHOICES, check_compile_choice  # noqa: F401 (re-exported)
 from respec.models.attention import additive_mask
-
-COMPILE_CHOICES = ("off", "on")
-
-
-def check_compile_choice(value: str) -> str:
-    """'on' | 'off' (case-insensitive); ValueError naming the choices otherwise."""
-    return one_of(value, COMPILE_CHOICES, "--compile")
-
 
 def compile_base_settings(device: torch.device) -> None:
     """The process-wide settings every compile here wants (the target's and the EAGLE head's):
@@ -151,7 +144,7 @@ def one_row_options(device: torch.device) -> dict | None:
     121 linears took 236 ms at 64 rows against oneDNN's 49-54). Each distinct linear shape adds a
     few seconds of timing to the compile. `RESPEC_ONE_ROW_AUTOTUNE=0` turns it off (None: the
     plain settings, no two-row graphs) for A/B measurements."""
-    if torch.device(device).type != "cpu" or os.environ.get("RESPEC_ONE_ROW_AUTOTUNE", "1") == "0":
+    if torch.device(device).type != "cpu" or not read_settings().one_row_autotune:
         return None
     # the timings stay out of the console (a table per linear otherwise, and from torch 2.13 a JSON
     # line per linear on stderr, an option older releases do not know)
@@ -246,16 +239,10 @@ def onednn_has_bf16() -> bool:
 
 
 def forced_buckets() -> tuple[int, ...] | None:
-    """RESPEC_PAD_ROWS as buckets (counts below 3 dropped), or None when it is unset; ValueError
-    naming it when it is not a comma-separated list of whole numbers."""
-    forced = os.environ.get("RESPEC_PAD_ROWS", "").strip()
-    if not forced:
-        return None
-    try:
-        rows = [int(r) for r in forced.split(",") if r.strip()]
-    except ValueError:
-        raise ValueError(f"RESPEC_PAD_ROWS must be whole numbers separated by commas, got {forced!r}") from None
-    return tuple(sorted({r for r in rows if r >= 3}))
+    """RESPEC_PAD_ROWS as buckets (counts below 3 dropped), or None when it is unset; ConfigError
+    (a ValueError) naming it when it is not a comma-separated list of whole numbers
+    (respec/accel/settings.py)."""
+    return read_settings().pad_rows
 
 
 def bucket_for(buckets: tuple[int, ...], rows: int) -> int | None:
@@ -436,7 +423,7 @@ def warm_up(target, progress: bool = True, pause: Callable[[], None] | None = No
     from respec.tree import DraftTree
 
     t0 = time.perf_counter()
-    compiled = [f for f in (target._compiled, target._compiled_logits) if isinstance(f, Trusted)]
+    compiled = [f for f in (target.fast.base, target.fast.logits) if isinstance(f, Trusted)]
     for f in compiled:
         f.trusted = False            # every guard while warming up: new graphs compile
     vocab = min(target.vocab_size, 1000)
@@ -448,7 +435,7 @@ def warm_up(target, progress: bool = True, pause: Callable[[], None] | None = No
     # with buckets (`tree_buckets`), 3..max(buckets) rows are the padded static graphs and the
     # symbolic-row graphs serve larger trees only: their shapes move above the buckets, and each
     # bucket's graph warms up at a chain and a tree size on each side of the growth
-    buckets = target._buckets
+    buckets = target.fast.buckets
     up = max(buckets, default=0)
     spans = bucket_spans(buckets)                       # (the fewest rows each bucket serves, bucket)
     plan = [("prefill", 24), ("chain", 1), ("chain", 1), ("chain", 1), ("chain", 3 + up), ("chain", 5 + up),

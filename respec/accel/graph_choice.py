@@ -1,19 +1,21 @@
 """Which compiled graph a target forward of n rows runs through, decided on this machine at
-warm-up (respec/accel/compiled.py compiles them; respec/models/hf.py `HFTarget.enable_compile`
+warm-up (respec/accel/compiled.py compiles them; respec/accel/target_compile.py
 times them): pure choices over given times, and the variable that forces one.
 
 Contract:
 - `choose_buckets(buckets, time_pair)`: the static row counts worth padding trees to.
 - `choose_eager_from(first_rows, time_pair)`: whether trees past the buckets run eagerly instead
   of through the symbolic-row graph; `forced_eager_from()` reads RESPEC_EAGER_FROM.
-- `fastest_of_rounds(ways, run_ms, rounds)`: how the checks time the ways they compare (also the
-  head's output-layer routes and the verify-cost curve).
+- `fastest_of_rounds(ways, run_ms, rounds)` (respec/models/timing.py, re-exported): how the checks
+  time the ways they compare (also the head's output-layer routes and the verify-cost curve).
 Nothing is measured by the choices; the callers pass the timings (tests pass given ones).
 """
 from __future__ import annotations
 
-import os
 from typing import Callable
+
+from respec.accel.settings import read_settings
+from respec.models.timing import fastest_of_rounds  # noqa: F401 (the checks' timing, re-exported)
 
 # a bucket is kept where, at the fewest rows it serves (its worst case), its padded graph takes under
 # 95% of the symbolic one's time (the fastest of 5 interleaved rounds each). At 0.9 the default
@@ -60,29 +62,8 @@ def choose_eager_from(first_rows: int, time_pair: Callable[[int], tuple[float, f
     return (first_rows if eager < margin * symbolic else None), (first_rows, symbolic, eager)
 
 
-def fastest_of_rounds(ways: list, run_ms: Callable[[object], float], rounds: int,
-                      pause: Callable[[], None] | None = None) -> tuple[float, ...]:
-    """The fastest ms of each of `ways` over `rounds` interleaved rounds (`run_ms(way)` runs and
-    times one call that way), after one untimed round (the first call of a shape pays allocation);
-    `pause` is called before each round. Interleaving keeps a machine's drift out of the comparison."""
-    best = [float("inf")] * len(ways)
-    for r in range(rounds + 1):
-        if pause is not None:
-            pause()
-        for i, way in enumerate(ways):
-            ms = run_ms(way)
-            if r:
-                best[i] = min(best[i], ms)
-    return tuple(best)
-
-
 def forced_eager_from() -> int | None | str:
     """RESPEC_EAGER_FROM: "off" (trees past the buckets always run compiled), a row count (they run
-    eagerly from there), or "" when unset (measured: `choose_eager_from`); ValueError naming it
-    otherwise."""
-    forced = os.environ.get("RESPEC_EAGER_FROM", "").strip().lower()
-    if forced in ("", "off"):
-        return None if forced == "off" else ""
-    if not forced.isdigit() or int(forced) < 2:
-        raise ValueError(f"RESPEC_EAGER_FROM must be 'off' or a row count of 2 or more, got {forced!r}")
-    return int(forced)
+    eagerly from there), or "" when unset (measured: `choose_eager_from`); ConfigError (a
+    ValueError) naming it otherwise (respec/accel/settings.py)."""
+    return read_settings().eager_from

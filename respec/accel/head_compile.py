@@ -28,8 +28,12 @@ Contract:
   after the cache's first growth, and the draft output layer at one and several rows, in a
   throwaway cache, with a progress line; then times the head's row (`EagleHead.row_ms`, which the
   cost model reads at a request's first probe), so no request pays a compile or that timing.
-  `HFTarget.enable_compile` compiles the target; an `Eagle2Drafter` on a compiled target
-  compiles its head on construction (once per head and target).
+  `HFTarget.enable_compile` compiles the target; an `Eagle2Drafter` asks its target to prepare
+  its head (`HFTarget.prepare_head` -> `prepare_head` below): on a compiled target the head
+  compiles (once per head and target), on an eager one it gets its eager linear plan.
+- `compile_head`, `compile_head_for`, `adopt_compiled_head`, `plan_head_linears` install a head's
+  speed through its slots (`EagleHead.install_route`, `install_eager_plan`); the head itself
+  never imports this module.
 - The draft output layer goes, per row count, the fastest of three ways measured at the end of
   the warm-up (`choose_routes`, `ROUTE_ROWS`): the compiled graph, eager `F.linear`, or eager
   W @ x^T (respec/accel/linear_layout.py; not offered under RESPEC_LINEAR_LAYOUT=off); an eager
@@ -54,17 +58,18 @@ Nothing is compiled at import.
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from dataclasses import dataclass
 
 import torch
 
-from respec.accel.graph_choice import fastest_of_rounds
 from respec.accel.compiled import Trusted, compile_base_settings, one_row_options
-from respec.models.kv import reserve, slab_cache
+from respec.accel.graph_choice import fastest_of_rounds
 from respec.accel.linear_layout import MARGIN as ROUTE_MARGIN
-from respec.accel.linear_layout import check_layout_choice, transposed_linear
+from respec.accel.linear_layout import linear_layouts, transposed_linear
+from respec.accel.settings import read_settings
+from respec.drafters.heads.eagle import LMHead
+from respec.models.kv import reserve, slab_cache
 
 # head calls of up to this many rows (a step's catch-up, a tree layer of the CPU default top_k 4) run
 # static graphs with the small-row options, where the device has them (module docstring)
@@ -189,7 +194,7 @@ class CompiledHead:
             self.routes = {}
             return self.routes
         ways = ["compiled", "eager"]
-        if check_layout_choice(os.environ.get("RESPEC_LINEAR_LAYOUT", "auto")) != "off":
+        if read_settings().linear_layout != "off":
             ways.append("transposed")
             weight = getattr(self.layer, "weight", None)
             if (weight is not None and weight.dtype == torch.float32 and not getattr(self.layer, "softcap", None)
@@ -308,3 +313,54 @@ class CompiledHead:
         self.choose_eager()
         head.row_ms(target)          # timed now, on the compiled head: a first request does not pay it
         return time.perf_counter() - t0
+
+
+# ---------------------------------------------------------------------- installing a head's speed
+def compile_head(head, target, progress: bool = True) -> float:
+    """Compile `head`'s forward and draft output layer for `target` and pay the compiles now;
+    returns the warm-up's seconds (0 when already done for this target)."""
+    route = head.route
+    if route is not None and route.target is target and route.warmed:
+        return 0.0
+    compiled = CompiledHead.of(head, target)
+    head.install_route(compiled)
+    return compiled.warm_up(progress=progress)
+
+
+def compile_head_for(head, twin, progress: bool = True, pause=None) -> "CompiledHead":
+    """A CompiledHead for `twin` (HFTarget.twin of the target `head` serves), warmed up but not
+    installed: the head keeps drafting eagerly meanwhile (a background compile; then
+    `adopt_compiled_head`; `pause`: see CompiledHead.warm_up)."""
+    compiled = CompiledHead.of(head, twin)
+    compiled.warm_up(progress=progress, pause=pause)
+    return compiled
+
+
+def adopt_compiled_head(head, compiled: "CompiledHead", target) -> None:
+    """Draft for `target` with `compiled` (`compile_head_for` on a twin of it, the same weights)
+    from now on; the head's row is timed again, compiled (between steps: the app holds its lock)."""
+    if not compiled.warmed or compiled.head is not head:
+        raise ValueError("adopt_compiled_head takes this head's warmed-up CompiledHead (compile_head_for)")
+    compiled.target = target
+    head.install_route(compiled)
+    head.row_ms(target)
+
+
+def plan_head_linears(head, target):
+    """Measure, once per target, which of `head`'s eager linears (its own and the draft output
+    layer) run faster as W @ x^T or, at one row, as two rows (respec/accel/linear_layout.py;
+    RESPEC_LINEAR_LAYOUT applies); the head's eager calls without gradients follow the plan from
+    then on. Returns the plan."""
+    if head.eager_plan is None or head.eager_plan[0] is not target:
+        layer = head.draft_output_layer(target)
+        head.install_eager_plan(target, linear_layouts(head, extra=(layer,) if isinstance(layer, LMHead) else ()))
+    return head.eager_plan[1]
+
+
+def prepare_head(head, target) -> None:
+    """What a drafter on `target` asks for (HFTarget.prepare_head): a compiled head on a compiled
+    target, else the head's own eager linear plan."""
+    if target.compiled:
+        compile_head(head, target)
+    else:
+        plan_head_linears(head, target)

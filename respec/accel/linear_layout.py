@@ -39,7 +39,6 @@ Nothing is measured at import.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from dataclasses import dataclass
 
@@ -47,6 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from respec.accel.settings import read_settings
 from respec.config import one_of
 
 ROWS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)   # row counts measured, in turn, until W @ x^T loses
@@ -189,7 +189,7 @@ def linear_layouts(model: torch.nn.Module, extra: tuple = ()) -> LinearLayouts:
     """The plan for `model` as RESPEC_LINEAR_LAYOUT says (see the module docstring); `extra`:
     further CPU weights to plan for (objects with `.weight` and `.bias`, e.g. an EAGLE head's
     draft output layer, an `LMHead`)."""
-    choice = check_layout_choice(os.environ.get("RESPEC_LINEAR_LAYOUT", "auto"))
+    choice = read_settings().linear_layout
     if choice == "off":
         return LinearLayouts()
     groups = _linear_groups(model)

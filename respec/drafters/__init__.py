@@ -40,7 +40,7 @@ def make_drafter(method: str, target, config: EngineConfig, head=None, memory=No
     if variant is not None and not variant.fallback:       # retrieval only: no EAGLE head at all
         return ReSpecDrafter(None, config, variant=variant, name=method, stop_token_ids=target.eos_token_ids,
                              answers=answers)
-    backoff = None if memory is None else memory.head_backoff(method, getattr(target, "compiled", False))
+    backoff = None if memory is None else memory.head_backoff(method, target.describe_forward().mode)
     eagle = Eagle2Drafter(target, head if head is not None else random_head(target), config.tree, backoff=backoff)
     if method == "eagle2":
         return eagle

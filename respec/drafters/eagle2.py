@@ -133,10 +133,7 @@ class Eagle2Drafter:
         self.tree_cfg = tree
         self.cache = slab_cache(head.config)
         self._pending: list[torch.Tensor] = []   # each [m_i, H]: features of committed positions
-        if getattr(target, "compiled", False):     # a compiled target drafts with a compiled head
-            head.enable_compile(target)
-        else:                                        # an eager one: its linears the way this CPU runs them fastest
-            head.plan_eager_linears(target)
+        target.prepare_head(head)      # compiled with a compiled target, else its own eager linear plan
         self._reset_auto()
 
     def _reset_auto(self) -> None:

@@ -210,10 +210,8 @@ def _machine(runner) -> dict[str, Any]:
     """The machine and the forward as this run found them: respec.models.devices.machine_summary,
     compiled or eager, and the load's linear plan (which can differ from load to load)."""
     from respec.models.devices import machine_summary
-    layouts = getattr(runner.target, "linear_layouts", None)
-    return {**machine_summary(runner.target.device),
-            "forward": "compiled" if getattr(runner.target, "compiled", False) else "eager",
-            "linear_layout": layouts.describe() if layouts is not None else ""}
+    forward = runner.target.describe_forward()
+    return {**machine_summary(runner.target.device), "forward": forward.mode, "linear_layout": forward.linear_layout}
 
 
 def _run_identity(runner, base: EngineConfig) -> dict[str, Any]:

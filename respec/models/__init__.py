@@ -11,7 +11,7 @@ def load_target(spec: str = "default", device: str = "auto", dtype: str = "auto"
     (tokenizer attached as `.tokenizer`, load facts as `.loaded`). `compile="on"` compiles its
     forward and warms it up before returning (respec/accel/compiled.py). Raises ModelLoadError,
     or ValueError for a bad `compile`."""
-    from respec.accel.compiled import check_compile_choice
+    from respec.config import check_compile_choice
     from respec.models.hf import HFTarget
     from respec.models.loading import load_model
 

@@ -8,8 +8,12 @@ Logits are returned as float32 on the model's device; `hidden` are the features 
 consumes: the final-norm features (the vector fed to lm_head), or, after
 `use_features(layers)`, the inputs of those decoder layers concatenated (EAGLE-3's fused
 low/mid/high features, [n, len(layers) x H]). `verify_cost_curve` feeds the cost model
-(respec/cost.py). Everything the engine, the drafters and the runner read of a target is declared
-here; respec/models/hf.py `HFTarget` is the implementation.
+(respec/cost.py). `describe_forward()` says how its forwards run (a `ForwardInfo`: compiled or
+eager, the eager linear plan, static buckets; for the trace's meta, the bench and the head's
+back-off), and `prepare_head(head)` makes an EAGLE head run the way the target's forward does
+(compiled with it, or with its own eager linear plan): the drafters never ask how. Everything the
+engine, the drafters and the runner read of a target is declared here; respec/models/hf.py
+`HFTarget` is the implementation (its speed machinery lives in respec/accel/).
 """
 from __future__ import annotations
 
@@ -31,6 +35,20 @@ class TargetOutput:
     tokens: torch.Tensor | None = None    # forward_tree: [n] the tree's tokens on the logits' device (uploaded once)
     parents: torch.Tensor | None = None   # forward_tree: [n] each node's parent (the root: 0), same device
     numbers: torch.Tensor | None = None   # forward_tree, compiled: [n, 7] respec/verify.py number_table
+
+
+@dataclass(frozen=True)
+class ForwardInfo:
+    """How a target's forwards run: what a trace's meta and a bench's machine record say."""
+    compiled: bool = False                    # steps through torch.compile graphs (respec/accel/)
+    linear_layout: str = ""                   # the eager linear plan, described ("" = none)
+    static_buckets: tuple[int, ...] = ()      # compiled trees of 3+ rows padded to these row counts
+    eager_from_rows: int | None = None        # compiled trees of this many rows and more run eagerly
+    detail: str = ""                          # one line: what was measured for the choices above
+
+    @property
+    def mode(self) -> str:
+        return "compiled" if self.compiled else "eager"
 
 
 class TargetModel(Protocol):
@@ -75,6 +93,12 @@ class TargetModel(Protocol):
     @property
     def weight_devices(self) -> tuple[torch.device, ...]:
         """The devices holding the model's weights (every GPU under device_map="auto"): timing waits on all."""
+
+    def describe_forward(self) -> ForwardInfo:
+        """How this target's forwards run now (they change once a background compile lands)."""
+
+    def prepare_head(self, head: Any) -> None:
+        """Make an EAGLE head (respec/drafters/heads/) run as this target's forward does; idempotent."""
 
     def verify_cost_curve(self, max_size: int = 64, context: int = 256, reps: int = 4) -> dict[int, float]:
         """Milliseconds of one tree forward per tree size {n: ms} (n <= max_size) after `context`

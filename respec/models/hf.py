@@ -25,7 +25,6 @@ verify-cost curve synchronises every CUDA device holding weights.
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
 from typing import TYPE_CHECKING, Iterator, Sequence
 
@@ -34,30 +33,38 @@ from transformers import DynamicCache
 
 from respec.models.base import TargetOutput
 from respec.models.compat import cache_kwarg, check_placement, check_transformers, cuda_devices
-from respec.accel.compiled import (branching_tree, bucket_edges, bucket_for, compile_base, compile_logits, first_rows,
-                                    forced_buckets, one_row_as_two, one_row_options, pad_one_token, pad_rows,
-                                    tree_buckets, warm_up)
-from respec.accel.graph_choice import choose_buckets, choose_eager_from, fastest_of_rounds, forced_eager_from
+from respec.errors import ConfigError
 from respec.models.attention import additive_mask, use_tree_attention
-from respec.accel.linear_layout import LinearLayouts, linear_layouts
-from respec.models.kv import reserve, slab_cache
+from respec.models.base import ForwardInfo
+from respec.models.kv import slab_cache
+from respec.models.timing import fastest_of_rounds
 from respec.transfer import barrier, upload, upload_parts
 from respec.tree import DraftTree
 
+try:     # the speed machinery is optional: without respec.accel every forward runs eagerly, unplanned
+    from respec.accel.head_compile import prepare_head
+    from respec.accel.linear_layout import linear_layouts
+    from respec.accel.target_compile import CompiledForward
+except ImportError:
+    prepare_head = linear_layouts = CompiledForward = None
+
 if TYPE_CHECKING:
+    from respec.accel.linear_layout import LinearLayouts
     from respec.models.loading import LoadedModel
 
 
 class HFTarget:
     def __init__(self, model, *, eos_token_ids: frozenset[int] = frozenset(), context_length: int | None = None,
                  name: str = "model", tokenizer=None, loaded: "LoadedModel | None" = None,
-                 layouts: LinearLayouts | None = None) -> None:
+                 layouts: "LinearLayouts | None" = None) -> None:
         check_transformers()
         check_placement(model, name)
         self.model = model.eval()
         # eager forwards hand some linears to the BLAS as W @ x^T where this CPU runs them
         # faster that way (respec/accel/linear_layout.py; measured here unless given, as a twin is)
-        self.linear_layouts = layouts if layouts is not None else linear_layouts(model)
+        if layouts is None and linear_layouts is not None:
+            layouts = linear_layouts(model)
+        self.linear_layouts = layouts         # None: no plan (respec.accel not importable)
         # masked multi-token forwards skip repeat_kv on the CPU (attention.py); other models get no extra kwarg
         self._tree_kwargs = {"respec_gqa": True} if use_tree_attention(model) else {}
         self.tokenizer = tokenizer
@@ -80,15 +87,7 @@ class HFTarget:
         self.feature_layers: tuple[int, ...] | None = None    # use_features: None = final-norm features
         self._captured: dict[int, torch.Tensor] = {}          # layer id -> its input in the last forward
         self._hooks: list = []
-        self._compiled = None                                 # compiled base forward (enable_compile), else eager
-        self._compiled_logits = None                          # compiled output layer + cast (enable_compile)
-        self._feature_graphs = False                          # compiled graphs returning layer inputs warmed up
-        self._pad_one = False                                 # compiled one-token steps run as two rows
-        self._two_rows = False                                # compiled two-token chains have a static graph
-        self._buckets: tuple[int, ...] = ()                   # compiled forwards of 3+ rows padded to these
-        self.bucket_choice: dict[int, tuple[int, float, float]] = {}   # what kept or dropped each (choose_buckets)
-        self._eager_from: int | None = None                   # compiled forwards of this many rows+ run eagerly
-        self.eager_choice: tuple[int, float, float] | None = None   # what decided it (choose_eager_from)
+        self.fast: "CompiledForward | None" = None             # the compiled forward (enable_compile), else eager
 
     # ------------------------------------------------------------------ properties
     @property
@@ -111,6 +110,16 @@ class HFTarget:
             if isinstance(v, int):
                 return v
         return min(self.eos_token_ids) if self.eos_token_ids else 0
+
+    @property
+    def base_model(self):
+        """The decoder (embeddings, layers, final norm) whose forward a compile traces."""
+        return self._base
+
+    @property
+    def cache_keyword(self) -> str:
+        """The keyword the installed transformers takes the cache under ("cache" or "past_key_values")."""
+        return self._cache_kw
 
     @property
     def kv_len(self) -> int:
@@ -155,9 +164,8 @@ class HFTarget:
             return hook
 
         self._hooks = [blocks[i].register_forward_pre_hook(capture(i), with_kwargs=True) for i in sorted(set(layers))]
-        if self._compiled is not None and not self._feature_graphs:   # the compiled steps now return layer
-            warm_up(self)                                                # inputs: other graphs, compiled once
-            self._feature_graphs = True
+        if self.fast is not None:              # the compiled steps now return layer inputs: other graphs
+            self.fast.features_changed(self)
 
     def batch_features(self, out) -> torch.Tensor:
         """The last forward's `hidden` (see use_features) for its whole batch: [B, T, H] or
@@ -172,128 +180,58 @@ class HFTarget:
         """`batch_features` of a one-sequence forward: [n, F]."""
         return self.batch_features(out)[0]
 
+    def _layouts(self, rows: int):
+        """The eager linear plan's context for a forward of `rows` rows (a no-op without a plan)."""
+        return self.linear_layouts.active(rows) if self.linear_layouts is not None else contextlib.nullcontext()
+
     def _forward(self, *, compiled: bool = False, **kwargs):
         """The base model over the engine's cache, passed under the installed version's keyword.
         `compiled`: through the compiled forward once `enable_compile` ran (every method's steps,
-        vanilla's included; prefills stay eager), with the cache's slabs grown beforehand so that
-        no growth happens inside the graph."""
+        vanilla's included; prefills stay eager; respec/accel/target_compile.py)."""
         self._captured.clear()
-        forward, padded, extra = self._base, False, -1
         rows = int(kwargs["input_ids"].shape[1])
-        if compiled and self.runs_compiled(rows):
-            # float32 with MKL: a one-token step runs as a two-token chain (compiled.one_row_as_two)
-            padded = self._pad_one and rows == 1 and kwargs.get("attention_mask") is None
-            if padded:
-                kwargs = pad_one_token(kwargs)
-            # trees of 3+ rows run as the smallest bucket's static graph that holds them (compiled.tree_buckets)
-            bucket = bucket_for(self._buckets, rows)
-            if bucket is not None:
-                extra = bucket - rows
-                kwargs = pad_rows(kwargs, bucket, self.kv_len, self.dtype)
-                kwargs["static"] = True
-            reserve(self.cache, int(kwargs["input_ids"].shape[1]))
-            forward = self._compiled
-            if self.feature_layers is not None:   # a compiled graph runs no hooks added after it: ask for outputs
-                kwargs["output_hidden_states"] = True
-        layouts = self.linear_layouts.active(int(kwargs["input_ids"].shape[1])) if forward is self._base \
-            else contextlib.nullcontext()
-        with layouts:
-            out = forward(**{self._cache_kw: self.cache}, use_cache=True, **kwargs)
-        if padded:
-            self.cache.crop(-1)
-            out = first_rows(out, 1)
-        elif extra >= 0:                     # padded to the bucket: its extra rows leave the cache
-            if extra:
-                self.cache.crop(-extra)
-            out = first_rows(out, rows)
-        return out
+        if compiled and self.fast is not None and self.fast.runs(rows):
+            return self.fast.forward(self, kwargs)
+        with self._layouts(rows):
+            return self._base(**{self._cache_kw: self.cache}, use_cache=True, **kwargs)
 
     @property
     def compiled(self) -> bool:
-        return self._compiled is not None
+        return self.fast is not None
 
     def runs_compiled(self, rows: int) -> bool:
         """Whether a step forward of `rows` rows runs through the compiled graphs (else eagerly:
         no compile, or a tree past the buckets where the eager forward measured faster)."""
-        return self._compiled is not None and (self._eager_from is None or rows < self._eager_from)
+        return self.fast is not None and self.fast.runs(rows)
 
-    @property
-    def eager_from(self) -> int | None:
-        """Compiled trees of this many rows and more run eagerly (graph_choice.choose_eager_from); None: never."""
-        return self._eager_from
+    def describe_forward(self) -> ForwardInfo:
+        """How this target's forwards run (the trace's meta, the bench's machine record, the
+        head's back-off key)."""
+        fast = self.fast
+        return ForwardInfo(compiled=fast is not None,
+                           linear_layout=self.linear_layouts.describe() if self.linear_layouts is not None else "",
+                           static_buckets=() if fast is None else tuple(fast.buckets),
+                           eager_from_rows=None if fast is None else fast.eager_from,
+                           detail="" if fast is None else fast.describe())
 
-    @property
-    def buckets(self) -> tuple[int, ...]:
-        """The static row counts compiled forwards of 3+ rows are padded to (compiled.tree_buckets)."""
-        return self._buckets
+    def prepare_head(self, head) -> None:
+        """Make an EAGLE head run as this target's forward does: compiled with it once this
+        target is compiled, else with its own eager linear plan (respec/accel/head_compile.py);
+        nothing without respec.accel."""
+        if prepare_head is not None:
+            prepare_head(head, self)
 
     def enable_compile(self, progress: bool = True, pause=None) -> float:
-        """Compile the base forward and pay its compiles now (respec/accel/compiled.py); returns
-        the warm-up's seconds (`pause`: see compiled.warm_up). Measured verify-cost curves are
-        dropped (they timed the eager forward)."""
-        if self._compiled is not None:
-            return warm_up(self, progress=progress, pause=pause)
-        self._buckets = tree_buckets(self.device, self.dtype)
-        self._compiled = compile_base(self._base, self._buckets)
-        self._compiled_logits = compile_logits(self)
-        self._pad_one = one_row_as_two(self.device, self.dtype)
-        self._two_rows = one_row_options(self.device) is not None     # compile_base's static two-row graph
-        self._cost_curves.clear()
-        seconds = warm_up(self, progress=progress, pause=pause)
-        if self._buckets and forced_buckets() is None:      # defaults are checked on this machine
-            self._buckets, self.bucket_choice = choose_buckets(self._buckets, self._bucket_timer(pause))
-        first = max(self._buckets, default=2) + 1            # the symbolic graph's fewest rows
-        forced = forced_eager_from()
-        if forced != "":
-            self._eager_from = forced
-        elif first <= self.context_length // 2:             # room for it after the timing prefill
-            self._eager_from, self.eager_choice = choose_eager_from(first, self._eager_timer(pause))
-        if progress:
-            print(self.describe_buckets(), file=sys.stderr)
-        return seconds
-
-    def describe_buckets(self) -> str:
-        """One line: the static row counts in use and, where measured, what kept or dropped each."""
-        measured = "; ".join(f"{b} rows: {rows} padded {padded:.1f} ms against {symbolic:.1f} unpadded, "
-                             + ("kept" if b in self._buckets else "dropped")
-                             for b, (rows, padded, symbolic) in self.bucket_choice.items())
-        text = (f"compiled trees padded to static graphs of {', '.join(map(str, self._buckets)) or 'none'} rows"
-                + (f" ({measured})" if measured else ""))
-        if self.eager_choice is not None:
-            rows, symbolic, eager = self.eager_choice
-            text += (f"; larger trees run {'eagerly' if self._eager_from else 'compiled'} ({rows} rows: "
-                     f"{symbolic:.1f} ms compiled against {eager:.1f} eager)")
-        return text
-
-    def _bucket_timer(self, pause=None):
-        """choose_buckets' `time_pair`: ms of a branching tree forward of `rows` rows padded to
-        `bucket` and unpadded (`_fastest_ways`)."""
-        def time_pair(bucket: int, rows: int) -> tuple[float, float]:
-            return self._fastest_ways(rows, "_buckets", [(bucket,), ()], pause)
-        return time_pair
-
-    def _eager_timer(self, pause=None):
-        """choose_eager_from's `time_pair`: ms of a branching tree forward of `rows` rows through the
-        symbolic-row graph and eagerly (`_fastest_ways`)."""
-        def time_pair(rows: int) -> tuple[float, float]:
-            return self._fastest_ways(rows, "_eager_from", [None, rows], pause)
-        return time_pair
-
-    def _fastest_ways(self, rows: int, setting: str, ways: list, pause=None) -> tuple[float, ...]:
-        """ms of a branching tree forward of `rows` rows with this target's `setting` set to each
-        of `ways` in turn, at a 256-token context in a scratch cache: the fastest of 5 interleaved
-        rounds after one untimed call each (`pause`: called before each round); the setting is
-        restored after."""
-        tree, saved = branching_tree(rows), getattr(self, setting)
-
-        def run_ms(way) -> float:
-            setattr(self, setting, way)
-            return self._timed_tree(tree)
-        try:
-            with torch.inference_mode(), self._prefilled_scratch(min(256, self.context_length // 2)):
-                return fastest_of_rounds(ways, run_ms, 5, pause)
-        finally:
-            setattr(self, setting, saved)
+        """Compile the base forward and output layer and pay their compiles now
+        (respec/accel/target_compile.py); returns the warm-up's seconds (`pause`: see
+        compiled.warm_up). Measured verify-cost curves are dropped (they timed the eager forward).
+        ConfigError where respec.accel cannot be imported."""
+        if CompiledForward is None:
+            raise ConfigError("compiling needs respec.accel, which cannot be imported here; run with --compile off")
+        if self.fast is None:
+            self.fast = CompiledForward.build(self)
+            self._cost_curves.clear()
+        return self.fast.enable(self, progress=progress, pause=pause)
 
     def twin(self) -> "HFTarget":
         """Another target over the same weights, with its own cache and nothing compiled: a
@@ -310,11 +248,7 @@ class HFTarget:
         timed the eager forward and are dropped. Call it between steps (the app holds its step lock)."""
         if twin.model is not self.model or not twin.compiled:
             raise ValueError("adopt_compiled takes a compiled twin of this target (HFTarget.twin, enable_compile)")
-        self._pad_one, self._two_rows = twin._pad_one, twin._two_rows
-        self._buckets, self.bucket_choice = twin._buckets, twin.bucket_choice
-        self._eager_from, self.eager_choice = twin._eager_from, twin.eager_choice
-        self._compiled_logits = twin._compiled_logits
-        self._compiled = twin._compiled
+        self.fast = twin.fast
         self._cost_curves.clear()
 
     @torch.inference_mode()
@@ -323,7 +257,7 @@ class HFTarget:
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)   # [1, n]
         out = self._forward(input_ids=ids)
         hidden = out.last_hidden_state[0]                                            # [n, H]
-        with self.linear_layouts.active(1):
+        with self._layouts(1):
             logits = self.lm_head(hidden[-1:]).float()                               # [1, V]
         return TargetOutput(logits=logits, hidden=self._features(out))               # [n, F]
 
@@ -354,10 +288,10 @@ class HFTarget:
         head_device = self._head.weight.device
         tokens, parents = ids.to(head_device), parents.to(head_device)                # [n], [n]
         table = None
-        if self._compiled_logits is not None and self.runs_compiled(n):   # numbers fused: [n, V], [n, 7]
-            logits, table = self._compiled_logits(hidden.to(head_device), tokens, parents)
+        if self.fast is not None and self.fast.runs(n):       # numbers fused: [n, V], [n, 7]
+            logits, table = self.fast.logits(hidden.to(head_device), tokens, parents)
         else:
-            with self.linear_layouts.active(n):
+            with self._layouts(n):
                 logits = self.lm_head(hidden).float()                              # [n, V] float32
         return TargetOutput(logits=logits, hidden=self._features(out) if need_hidden else None,   # [n, F]
                             tokens=tokens, parents=parents, numbers=table)
@@ -378,27 +312,28 @@ class HFTarget:
         curve = self._cost_curves.setdefault(context, {})
         # buckets and the two-row graph are set only with the compiled forward: an eager curve
         # measures COST_SIZES alone
-        sizes = sorted({n for n in self.COST_SIZES + bucket_edges(self._buckets, self._two_rows) if n <= max_size}
+        edges = self.fast.cost_sizes() if self.fast is not None else ()
+        sizes = sorted({n for n in self.COST_SIZES + edges if n <= max_size}
                        | {max(1, max_size)} | {1})
         missing = [n for n in sizes if n not in curve]
         if not missing:
             return {n: curve[n] for n in sizes}
-        with self._prefilled_scratch(context):
+        with self.prefilled_scratch(context):
             trees = {n: DraftTree.chain(1, [2 + (i % 50) for i in range(n - 1)], "eagle")
                      for n in missing if n + context <= self.context_length}
             sizes_timed = list(trees)
-            curve.update(zip(sizes_timed, fastest_of_rounds(sizes_timed, lambda n: self._timed_tree(trees[n]),
+            curve.update(zip(sizes_timed, fastest_of_rounds(sizes_timed, lambda n: self.timed_tree(trees[n]),
                                                             max(1, reps))))
         return {n: curve[n] for n in sizes if n in curve}
 
     @contextlib.contextmanager
-    def _prefilled_scratch(self, context: int) -> Iterator[None]:
+    def prefilled_scratch(self, context: int) -> Iterator[None]:
         """A scratch cache (`scratch_cache`) holding `context` prefilled tokens, for timing forwards."""
         with self.scratch_cache():
             self._forward(input_ids=torch.arange(context, device=self.device)[None] % min(self.vocab_size, 1000))
             yield
 
-    def _timed_tree(self, tree: DraftTree) -> float:
+    def timed_tree(self, tree: DraftTree) -> float:
         """Milliseconds of one forward of `tree` on the current cache, which is then cut back to
         what it held (every GPU holding layers synchronised before and after)."""
         barrier(self._cuda_devices, "cost curve")

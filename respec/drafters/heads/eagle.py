@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass
+from typing import ContextManager, Protocol
 
 import torch
 from torch import nn
@@ -92,6 +93,28 @@ def _rope_theta(config: LlamaConfig) -> float:
     return float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0) or 10000.0))
 
 
+class HeadRoute(Protocol):
+    """A faster way to run a head for one target (respec/accel/head_compile.py `CompiledHead`)."""
+    target: TargetModel
+
+    def forward(self, emb: torch.Tensor, feat: torch.Tensor, positions: torch.Tensor, cache: DynamicCache,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        """EagleHead.forward's maths: emb, feat [q, H], positions [q] -> f̂ [q, H]."""
+
+    def draft_logits(self, out: torch.Tensor) -> torch.Tensor:
+        """EagleHead.draft_logits for `target`: out [q, H] -> [q, V or Vd]."""
+
+    def describe_routes(self) -> str:
+        """How its draft output layer runs, per row count, in one line."""
+
+
+class CallPlan(Protocol):
+    """An eager linear plan (respec/accel/linear_layout.py `LinearLayouts`)."""
+
+    def per_call(self) -> ContextManager:
+        """A context inside which each linear call runs the way the plan measured faster."""
+
+
 class EagleHead(nn.Module):
     """The EAGLE-1/2 draft head (one decoder layer). Forward works on one sequence."""
 
@@ -117,65 +140,36 @@ class EagleHead(nn.Module):
         self.draft_vocab: torch.Tensor | None = None  # [Vd] target ids the head drafts (None = all)
         self._draft_lm: tuple[TargetModel, LMHead] | None = None    # the rows for draft_vocab, cached
         self._row_ms: tuple[TargetModel, float] | None = None         # row_ms's measurement, cached
-        self._compiled = None     # a CompiledHead (respec/accel/head_compile.py) once enable_compile ran
-        self._eager_plan = None   # (target, LinearLayouts) for eager calls once plan_eager_linears ran
+        self.route: HeadRoute | None = None                 # a compiled head, installed from respec/accel/
+        self.eager_plan: tuple[TargetModel, CallPlan] | None = None   # the eager calls' linear plan, likewise
 
-    def enable_compile(self, target: TargetModel, progress: bool = True) -> float:
-        """Compile this head's forward and draft output layer for `target` and pay the compiles now
-        (respec/accel/head_compile.py); returns the warm-up's seconds (0 when already done). The
-        cached row_ms is dropped (it timed the eager head)."""
-        from respec.accel.head_compile import CompiledHead
-        if self._compiled is not None and self._compiled.target is target and self._compiled.warmed:
-            return 0.0
-        self._compiled = CompiledHead.of(self, target)
-        self._row_ms = None
-        return self._compiled.warm_up(progress=progress)
+    def install_route(self, route: "HeadRoute | None") -> None:
+        """Draft through `route` (a compiled head for `route.target`, respec/accel/head_compile.py)
+        from now on, or eagerly with None; row_ms is timed again (between steps: the app holds its
+        step lock)."""
+        self.route, self._row_ms = route, None
 
-    def compile_for(self, twin: TargetModel, progress: bool = True, pause=None):
-        """A CompiledHead for `twin` (HFTarget.twin of the target this head serves), warmed up but
-        not installed: this head keeps drafting eagerly meanwhile (a background compile; then
-        `adopt_compiled`; `pause`: see CompiledHead.warm_up)."""
-        from respec.accel.head_compile import CompiledHead
-        compiled = CompiledHead.of(self, twin)
-        compiled.warm_up(progress=progress, pause=pause)
-        return compiled
-
-    def adopt_compiled(self, compiled, target: TargetModel) -> None:
-        """Draft for `target` with `compiled` (`compile_for` on a twin of it, the same weights) from
-        now on; row_ms is timed again, compiled (between steps: the app holds its step lock)."""
-        if not compiled.warmed or compiled.head is not self:
-            raise ValueError("adopt_compiled takes this head's warmed-up CompiledHead (compile_for)")
-        compiled.target = target
-        self._compiled, self._row_ms = compiled, None
-        self.row_ms(target)
-
-    def plan_eager_linears(self, target: TargetModel):
-        """Measure, once per target, which of this head's eager linears (its own and the draft
-        output layer) run faster as W @ x^T or, at one row, as two rows
-        (respec/accel/linear_layout.py; RESPEC_LINEAR_LAYOUT applies); eager calls without
-        gradients follow the plan from then on. Returns the plan."""
-        from respec.accel.linear_layout import linear_layouts
-        if self._eager_plan is None or self._eager_plan[0] is not target:
-            layer = self.draft_output_layer(target)
-            self._eager_plan = (target, linear_layouts(self, extra=(layer,) if isinstance(layer, LMHead) else ()))
-        return self._eager_plan[1]
+    def install_eager_plan(self, target: TargetModel, plan: "CallPlan") -> None:
+        """Eager calls without gradients for `target` run inside `plan.per_call()` from now on
+        (the eager linear plan respec/accel/head_compile.py `plan_head_linears` measured)."""
+        self.eager_plan = (target, plan)
 
     def _planned(self):
         """The eager plan's per-call context (a no-op while training or before planning)."""
-        if self._eager_plan is None or torch.is_grad_enabled():
+        if self.eager_plan is None or torch.is_grad_enabled():
             return contextlib.nullcontext()
-        return self._eager_plan[1].per_call()
+        return self.eager_plan[1].per_call()
 
     def output_layer_routes(self) -> str:
         """How the draft output layer runs: "eager", or the compiled head's routes per row count."""
-        return "eager" if self._compiled is None else self._compiled.describe_routes()
+        return "eager" if self.route is None else self.route.describe_routes()
 
     def draft_logits(self, target: TargetModel, out: torch.Tensor) -> torch.Tensor:
         """Logits of predicted features out [q, H] over the draft vocabulary: [q, V] (all target
-        ids) or [q, Vd] (index i is target id draft_vocab[i]); compiled once `enable_compile` ran."""
-        compiled = self._compiled
-        if compiled is not None and compiled.target is target:
-            return compiled.draft_logits(out)
+        ids) or [q, Vd] (index i is target id draft_vocab[i]); through the installed route for its target."""
+        route = self.route
+        if route is not None and route.target is target:
+            return route.draft_logits(out)
         return self.eager_draft_logits(target, out)
 
     def eager_draft_logits(self, target: TargetModel, out: torch.Tensor) -> torch.Tensor:
@@ -272,10 +266,10 @@ class EagleHead(nn.Module):
                 cache: DynamicCache, mask: torch.Tensor | None) -> torch.Tensor:
         """emb, feat: [q, H] (EAGLE-3: feat may be fused target features); positions: [q]; mask:
         [1, 1, q, kv_len + q] additive or None (causal). Appends q rows to `cache`; returns
-        predicted features f̂: [q, H]. Compiled once `enable_compile` ran (outside training)."""
-        compiled = self._compiled if not torch.is_grad_enabled() else None
-        if compiled is not None:
-            return compiled.forward(emb, feat, positions, cache, mask)
+        predicted features f̂: [q, H]. Through the installed route (outside training)."""
+        route = self.route if not torch.is_grad_enabled() else None
+        if route is not None:
+            return route.forward(emb, feat, positions, cache, mask)
         with self._planned():
             return self.eager_forward(emb, feat, positions, cache, mask)
 
