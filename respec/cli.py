@@ -11,13 +11,15 @@ import argparse
 import sys
 from pathlib import Path
 
+from respec._io import atomic_write_text
+from respec.config import DEVICE_PRESET, EngineConfig, starting_settings
 from respec.errors import ConfigError, RespecError
+from respec.prompting import prompt_messages
 
 
 def _overrides(args) -> dict:
     """User settings from --max-new-tokens / --method / --set, validated (with --preset's values
     under them) before any model is loaded."""
-    from respec.config import EngineConfig, starting_settings
     overrides = {}
     for item in args.set or []:
         key, sep, value = item.partition("=")
@@ -36,7 +38,6 @@ def _overrides(args) -> dict:
 def _config(runner, args, overrides: dict):
     """The run's EngineConfig: the device defaults (runner.config) or, with `--preset NAME`, that
     preset instead of them (respec.config.PRESETS); the user's --set / --max-new-tokens / --method win."""
-    from respec.config import DEVICE_PRESET, EngineConfig, starting_settings
     preset = getattr(args, "preset", None)
     if preset in (None, DEVICE_PRESET):
         return runner.config(overrides)
@@ -44,7 +45,6 @@ def _config(runner, args, overrides: dict):
 
 
 def _preset_label(args) -> str:
-    from respec.config import DEVICE_PRESET
     preset = getattr(args, "preset", None) or DEVICE_PRESET
     return "device defaults" if preset == DEVICE_PRESET else f"preset {preset}"
 
@@ -53,9 +53,9 @@ def _runner(args):
     """The Runner for --model (MODEL or MODEL=HEAD) and --head (a directory or a Hub id; it wins over a
     head given in --model). The head is resolved first, so a bad or unreachable one fails before the
     model loads."""
-    from respec.drafters.eagle2 import resolve_head_dir
-    from respec.models import load_target
-    from respec.runner import ModelChoice, Runner
+    from respec.drafters.heads.checkpoint import resolve_head_dir  # lazy: keeps --help light
+    from respec.models import load_target  # lazy: keeps --help light
+    from respec.runner import ModelChoice, Runner  # lazy: keeps --help light
 
     choice = ModelChoice.parse(args.model)
     head = args.head or choice.head
@@ -66,11 +66,8 @@ def _runner(args):
 
 
 def cmd_generate(args) -> int:
-    from respec._io import atomic_write_text
-    from respec.runner import parse_methods
-    from respec.trace import result_to_json
-
-    from respec.prompting import prompt_messages
+    from respec.runner import parse_methods  # lazy: keeps --help light
+    from respec.trace import result_to_json  # lazy: keeps --help light
 
     prompt_messages(args.prompt)                      # prompt, method and settings fail before the model loads
     parse_methods(args.method)
@@ -93,7 +90,7 @@ def cmd_generate(args) -> int:
 
 def _questions(args):
     """The Spec-Bench selection of `bench` and `sweep` (--questions, --categories, --split, --limit-per-category)."""
-    from respec.lab.bench import load_questions
+    from respec.lab.bench import load_questions  # lazy: keeps --help light
     cats = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
     if args.limit_per_category is not None and args.limit_per_category < 1:
         raise ConfigError("--limit-per-category must be >= 1")
@@ -101,7 +98,12 @@ def _questions(args):
 
 
 def cmd_bench(args) -> int:
-    from respec.lab.bench import parse_bench_methods, run_bench, speedup_matrix_markdown, summary_table_markdown
+    from respec.lab.bench import (  # lazy: keeps --help light
+        parse_bench_methods,
+        run_bench,
+        speedup_matrix_markdown,
+        summary_table_markdown,
+    )
 
     methods = parse_bench_methods(args.methods)
     if args.repeats < 1:
@@ -121,9 +123,14 @@ def cmd_bench(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from respec.runner import parse_methods
-    from respec.config import EngineConfig, starting_settings
-    from respec.lab.sweep import best_point, parse_grid, quality_metric, run_sweep, sweep_markdown
+    from respec.lab.sweep import (  # lazy: keeps --help light
+        best_point,
+        parse_grid,
+        quality_metric,
+        run_sweep,
+        sweep_markdown,
+    )
+    from respec.runner import parse_methods  # lazy: keeps --help light
 
     method = parse_methods(args.method)[0]
     overrides = _overrides(args)
@@ -155,7 +162,7 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_replay(args) -> int:
-    from respec.trace import result_from_json
+    from respec.trace import result_from_json  # lazy: keeps --help light
     try:
         data = Path(args.trace).read_bytes()
     except OSError as exc:
@@ -173,9 +180,9 @@ def cmd_replay(args) -> int:
 
 
 def cmd_train_eagle(args) -> int:
-    from respec.models import load_target
-    from respec.train.pipeline import PipelineConfig, run_pipeline
-    from respec.train.trainer import TrainConfig, check_out_dir
+    from respec.models import load_target  # lazy: keeps --help light
+    from respec.train.pipeline import PipelineConfig, run_pipeline  # lazy: keeps --help light
+    from respec.train.trainer import TrainConfig, check_out_dir  # lazy: keeps --help light
 
     tc = TrainConfig(steps=args.steps, batch_size=args.batch_size, max_len=args.max_len, lr=args.lr,
                      warmup=args.warmup, grad_clip=args.grad_clip, noise=args.noise,

@@ -37,9 +37,9 @@ from typing import Callable, Iterator, Sequence
 import torch
 import transformers
 
-from respec.config import EngineConfig, device_defaults
-from respec.drafters import make_drafter
+from respec.config import METHODS, EngineConfig, device_defaults
 from respec.cost import cost_max_size
+from respec.drafters import make_drafter
 from respec.drafters.heads.checkpoint import load_eagle_head
 from respec.drafters.heads.eagle import random_head
 from respec.engine import Engine
@@ -291,7 +291,6 @@ def _yield_while_locked(lock, pause: Callable[[], None]):
 def parse_methods(text: str | Sequence[str], allowed: Sequence[str] | None = None) -> list[str]:
     """"a,b" or a list -> method names in order without duplicates, each one of `allowed` (default:
     the engine's methods). Raises ConfigError."""
-    from respec.config import METHODS
     allowed = tuple(allowed or METHODS)
     items = [m.strip() for m in (text.split(",") if isinstance(text, str) else text) if m.strip()]
     if not items:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from respec.config import SamplingConfig
+from respec.transfer import to_host
 
 
 def entropy(logits: torch.Tensor) -> torch.Tensor:
@@ -39,7 +40,6 @@ def probs_from_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor
 
 def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
     """probs: [vocab] (any device) -> one token id drawn with `generator` (a CPU generator)."""
-    from respec.transfer import to_host
 
     p = to_host(probs.detach(), "sample").to(torch.float64)
     return int(torch.multinomial(p / p.sum(), 1, generator=generator).item())

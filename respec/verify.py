@@ -28,6 +28,7 @@ from respec.config import RelaxConfig
 from respec.transfer import read, to_host, upload_parts
 from respec.tree import DraftTree
 
+
 @dataclass(frozen=True)
 class Verdict:
     path: tuple[int, ...]                 # node indices, root first: root + accepted nodes

@@ -17,12 +17,12 @@ import json
 import math
 from typing import Any
 
-from app.views import render
-from app.views.decoders import TokenizerDecoder
-from app.session.hub import ModelHub
 from app.events.runs import finish_run, parse_prompt, plan_methods, stream_run
+from app.session.hub import ModelHub
 from app.session.settings import COLUMN_A_KEY, Caps, build_config, parse_settings_json, split_app_options
 from app.session.traces import MAX_TRACE_BYTES
+from app.views import render
+from app.views.decoders import TokenizerDecoder
 from respec.errors import PromptError, TraceFormatError
 from respec.trace import GenerationResult, result_from_json, result_to_json
 

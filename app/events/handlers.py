@@ -25,17 +25,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Generator, Iterator, Mapping
 
-from app.views import render
-
-from app.session import traces
-from app.views.decoders import TokenizerDecoder
-from app.session.hub import ModelHub, _default_factory, choice_label  # noqa: F401 - old import path (see above)
 from app.events.runs import finish_run, parse_prompt, plan_methods, stream_run
+from app.events.updates import (banner_update, column_header, downloads_update, explorer_update, full_update,
+                                outputs_update, step_views, vanilla_column, warn)
+from app.session import traces
+from app.session.hub import ModelHub, _default_factory, choice_label  # noqa: F401 - old import path (see above)
 from app.session.settings import COLUMN_A_KEY, Caps, build_config, env_float, method_label, split_app_options
 from app.session.state import RUN_KEYS, Run, SessionState
+from app.views import render
+from app.views.decoders import TokenizerDecoder
 from app.views.text import STOPPED
-from app.events.updates import (banner_update, column_header, downloads_update, explorer_update, full_update, outputs_update,
-                       step_views, vanilla_column, warn)
 from respec.errors import PromptError, RespecError, TraceFormatError
 
 #: Default seconds between two streamed updates of a column (RESPEC_STREAM_INTERVAL).

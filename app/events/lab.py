@@ -22,7 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+from app.session.settings import build_config, env_int
+from app.views import figures
+from app.views.anatomy_view import waterfall_traces
+from respec.config import EngineConfig
 from respec.errors import ConfigError, RespecError
+from respec.lab.bench import CATEGORIES, load_questions, parse_bench_methods, run_bench, summarize
+from respec.lab.sweep import heatmap_figure, parse_grid, quality_metric, run_sweep, sweep_rows
 
 LAB_STOPPED = "■ Lab stopped."
 
@@ -39,7 +45,6 @@ def default_questions_path() -> Path | None:
 
 
 def lab_budget() -> int:
-    from app.session.settings import env_int
     return env_int("RESPEC_LAB_BUDGET", DEFAULT_BUDGET)
 
 
@@ -66,8 +71,6 @@ class LabPlan:
 
 def plan(req: LabRequest, caps, budget: int | None = None) -> LabPlan:
     """Validate a request -> LabPlan. Raises RespecError."""
-    from respec.lab.bench import CATEGORIES, load_questions, parse_bench_methods
-    from respec.lab.sweep import parse_grid
 
     budget = budget or lab_budget()
     if req.mode not in ("methods", "grid"):
@@ -93,7 +96,6 @@ def plan(req: LabRequest, caps, budget: int | None = None) -> LabPlan:
         what: Any = ["vanilla"] + [m for m in methods if m != "vanilla"]
         runs = len(what)
     else:
-        from respec.config import EngineConfig
         grid = parse_grid(req.grid, EngineConfig().with_overrides(dict(req.settings or {})))
         if len(grid.keys) > 2:
             raise ConfigError("the Lab sweeps at most two settings at once (the CLI `sweep` takes more)")
@@ -115,7 +117,6 @@ def lab_stream(hub, caps, req: LabRequest, session_dir: str | None = None,
     (polled between records) ends it early."""
     import pandas as pd
 
-    from app.session.settings import build_config
 
     # 1. Validate before touching the model.
     try:
@@ -136,11 +137,9 @@ def lab_stream(hub, caps, req: LabRequest, session_dir: str | None = None,
     def work():
         try:
             if req.mode == "methods":
-                from respec.lab.bench import run_bench
                 run_bench(runner, questions, list(what), base, out_dir, progress=False, fresh=True,
                           on_record=records.put, should_stop=stop.is_set, guard=hub.exclusive)
             else:
-                from respec.lab.sweep import run_sweep
                 method, grid = what
                 run_sweep(runner, questions, method, base, grid, out_dir, progress=False, fresh=True,
                           on_record=records.put, should_stop=stop.is_set, guard=hub.exclusive)
@@ -190,10 +189,6 @@ def _views(df, req: LabRequest, what, base):
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    from app.views import figures
-    from app.views.anatomy_view import waterfall_traces
-    from respec.lab.bench import summarize
-    from respec.lab.sweep import heatmap_figure, quality_metric, sweep_rows
 
     if df.empty or "vanilla" not in set(df.method):
         return pd.DataFrame(), figures.empty_figure("waiting for the first vanilla run", 420)

@@ -13,11 +13,11 @@ import argparse
 import os
 import sys
 
-from app.views.decoders import TokenizerDecoder
-from app.session.hub import ModelHub
 from app.events.runs import finish_run, plan_methods, stream_run
+from app.session.hub import ModelHub
 from app.session.settings import Caps, build_config, method_label
 from app.session.traces import TRACES_DIR
+from app.views.decoders import TokenizerDecoder
 from respec._io import atomic_write_text
 from respec.trace import result_to_json
 

@@ -18,9 +18,9 @@ import math
 import time
 from typing import Callable, Iterator, Sequence
 
-from app.views.decoders import TableDecoder, text_table
 from app.session.settings import COLUMN_METHODS
 from app.session.state import Run
+from app.views.decoders import TableDecoder, text_table
 from respec.trace import GenerationResult, validate_result
 
 

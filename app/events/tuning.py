@@ -25,18 +25,18 @@ import time
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from app.events import handlers
-
-from app.session import history
-
-from app.views import history_view as history_display, render
-from app.views.decoders import TableDecoder, TokenizerDecoder
-from app.session.history import History, HistoryRow, HistoryStore
 from app.events.runs import plan_methods
+from app.session import history
+from app.session.history import History, HistoryRow, HistoryStore
 from app.session.settings import SPECS, Caps
 from app.session.state import SessionState
-from app.views.text import DIFF_COLORS, STOPPED
 from app.session.traces import session_dir
+from app.views import history_view as history_display
+from app.views import render
+from app.views.decoders import TableDecoder, TokenizerDecoder
+from app.views.text import DIFF_COLORS, STOPPED
 from respec.config import flatten_settings
+from respec.trace import result_from_json
 
 MAX_REPEATS = 10
 #: Output names of the history panel (handlers return dicts keyed by these).
@@ -275,7 +275,6 @@ def wire_history_events(hub, c: Mapping[str, Any], state, controls: Sequence[Any
 def record_api_run(store: HistoryStore, session: str | None, hub, caps: Caps, prompt: str,
                    outputs: Sequence[str]) -> HistoryRow | None:
     """Add one `/compare` call (its five outputs) to the history of the client's session."""
-    from respec.trace import result_from_json
     if not session:
         return None
     _, _, trace_a, trace_b, metrics_json = outputs

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from app.views import anatomy_view, figures, render
-
 from app.session import traces
 from app.session.settings import COLUMN_METHODS, method_label
 from app.session.state import RUN_KEYS, SessionState
+from app.views import anatomy_view, figures, render
 from app.views.text import EMPTY_HINT
 
 if TYPE_CHECKING:

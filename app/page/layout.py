@@ -17,14 +17,16 @@ from typing import Any
 
 import gradio as gr
 
-from app.session import traces
-
 from app.events import tuning
-from app.session.hub import ModelHub, choice_label
-from app.views.render import colors
-from app.session.settings import COLUMN_A_METHODS, PRESET_HELP, PRESETS, SECTIONS, SPECS, Caps, method_label
-from app.views.text import ABOUT_MD, API_MD, DIFF_COLORS, EMPTY_HINT, INTRO, LEGEND_MD, STEP_HELP, TUNING_MD
+from app.events.lab import DEFAULT_BUDGET, default_questions_path, lab_budget
 from app.events.updates import column_header
+from app.session import traces
+from app.session.hub import ModelHub, choice_label
+from app.session.settings import COLUMN_A_METHODS, PRESET_HELP, PRESETS, SECTIONS, SPECS, Caps, method_label
+from app.views.render import colors
+from app.views.text import ABOUT_MD, API_MD, DIFF_COLORS, EMPTY_HINT, INTRO, LEGEND_MD, STEP_HELP, TUNING_MD
+from respec.config import METHODS
+from respec.lab.bench import CATEGORIES, PEERS
 
 
 @dataclass
@@ -206,9 +208,6 @@ def traces_tab(page: Page) -> None:
 def lab_tab(page: Page, caps: Caps) -> None:
     """The Lab's components: selection, methods or a 2-D grid, run/stop, status, live table and
     chart, CSV export."""
-    from app.events.lab import DEFAULT_BUDGET, default_questions_path, lab_budget
-    from respec.lab.bench import CATEGORIES, PEERS
-    from respec.config import METHODS
 
     c = page.lab
     found = default_questions_path()

@@ -32,13 +32,13 @@ from typing import Any, Callable
 
 import gradio as gr
 
-from app.events import api, handlers, tuning, updates as views
-
+from app.events import api, handlers, tuning
+from app.events import updates as views
+from app.events.lab import LAB_STOPPED, lab_request, lab_stream
 from app.page import layout
 from app.page.gpu import ZERO_GPU, gpu
-from app.session.hub import ModelHub
-from app.events.lab import LAB_STOPPED, lab_request, lab_stream
 from app.page.layout import Page
+from app.session.hub import ModelHub
 from app.session.settings import COLUMN_A_KEY, SPECS, Caps, env_int, non_default, preset_values
 from app.session.state import SessionState
 from app.views.text import STOPPED, TITLE

@@ -31,8 +31,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, Sequence
 
+from app.session.settings import COLUMN_METHODS, SPEC_BY_KEY, SPECS, Caps, _num_eq, env_int, method_label, non_default
 from app.views.render import first_difference
-from app.session.settings import COLUMN_METHODS, SPEC_BY_KEY, SPECS, Caps, env_int, method_label, non_default
 
 #: Columns in display order and their names in the table.
 COLUMNS: tuple[str, ...] = tuple(COLUMN_METHODS)
@@ -145,7 +145,6 @@ def changed_settings(settings: Mapping[str, Any], device: str = "cpu", caps: Cap
 
 def settings_changes(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
     """(key, value in a, value in b) for every setting whose value differs between two rows."""
-    from app.session.settings import _num_eq
     return [(k, a.get(k), b.get(k)) for k in dict.fromkeys([*a, *b]) if not _num_eq(a.get(k), b.get(k))]
 
 

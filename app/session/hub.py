@@ -34,8 +34,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from respec import models
+from respec.config import check_compile_choice
 from respec.errors import ConfigError, ModelLoadError, RespecError
-from respec.runner import ModelChoice, parse_model_choices, release_memory
+from respec.runner import ModelChoice, Runner, parse_model_choices, release_memory
 
 log = logging.getLogger("respec.app")
 
@@ -257,11 +259,9 @@ def _load_failure(spec: str, exc: BaseException) -> str:
 
 def _default_factory(spec: str):
     """"MODEL" or "MODEL=HEAD" -> a Runner (the head: a directory or a Hub id; none = the Runner's default)."""
-    from respec.models import load_target
-    from respec.runner import Runner
     choice = ModelChoice.parse(spec)
     # Runner.engine measures tree.auto's cost curve outside run timing; ModelHub.runner compiles
-    return Runner(load_target(choice.model), head=choice.head)
+    return Runner(models.load_target(choice.model), head=choice.head)   # looked up per call: tests swap it
 
 
 def compile_setting() -> str:
@@ -269,7 +269,6 @@ def compile_setting() -> str:
     (respec/accel/compiled.py: minutes on a CPU) in the background while the model serves eagerly
     (`Runner.compile_later`; at load on ZeroGPU), "off" (the default, and for a malformed value,
     with a warning) keeps the eager forward."""
-    from respec.config import check_compile_choice
 
     def parse(raw: str) -> str:
         try:

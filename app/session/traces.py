@@ -16,8 +16,8 @@ import re
 import tempfile
 from pathlib import Path
 
-from app.views.decoders import TableDecoder, TokenizerDecoder, decoder_for, text_table
 from app.session.state import RUN_KEYS, Run, SessionState, run_key_for
+from app.views.decoders import TableDecoder, TokenizerDecoder, decoder_for, text_table
 from respec.errors import TraceFormatError
 from respec.trace import result_from_json, result_to_json
 

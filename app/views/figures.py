@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from app.views.render import short, step_roots, token_labels, token_steps
 from app.views.plot_style import FONT, empty_figure  # noqa: F401 (figures.empty_figure is public)
+from app.views.render import short, step_roots, token_labels, token_steps
 from app.views.text import COLORS
 
 if TYPE_CHECKING:

@@ -16,6 +16,7 @@ import os
 from typing import Any
 
 from app.session.history import COLUMN_NAMES, COLUMNS, Delta, History, MethodEntry, fmt_value, short_name
+from app.views.figures import FONT, empty_figure
 
 #: What the history plot can show against the run number.
 METRIC_CHOICES = ("tokens/s", "MAT")
@@ -122,7 +123,6 @@ def history_figure(history: History, metric: str = "tokens/s", height: int = 320
     the settings that differ from the defaults, marker = column; A is ringed."""
     import plotly.graph_objects as go
 
-    from app.views.figures import FONT, empty_figure
     if not history.rows:
         return empty_figure("no runs yet: every Run adds a point", height)
     mat = metric == "MAT"

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from app.views import anatomy_view
 from app.views.text import COLORS, LEGEND, METRICS
-from respec.tokens import first_divergence as first_difference   # one rule for engine, bench and app
+from respec.tokens import first_divergence as first_difference  # one rule for engine, bench and app
 
 if TYPE_CHECKING:
     from respec.trace import GenerationResult, StepTrace

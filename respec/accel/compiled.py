@@ -82,6 +82,10 @@ import torch
 from respec.accel.settings import read_settings
 from respec.config import COMPILE_CHOICES, check_compile_choice  # noqa: F401 (re-exported)
 from respec.models.attention import additive_mask
+from respec.models.kv import INITIAL_CAPACITY
+from respec.tree import DraftTree
+from respec.verify import number_table
+
 
 def compile_base_settings(device: torch.device) -> None:
     """The process-wide settings every compile here wants (the target's and the EAGLE head's):
@@ -277,7 +281,6 @@ def bucket_edges(buckets: tuple[int, ...], two_rows: bool = False) -> tuple[int,
 def branching_tree(n: int):
     """A DraftTree of n nodes (tokens 1..n), each node i > 0 a child of node (i - 1) // 2: a
     binary tree, so its forward takes a tree mask (warm-ups and timings use it)."""
-    from respec.tree import DraftTree
     return DraftTree.from_parents(list(range(1, n + 1)), [-1] + [(i - 1) // 2 for i in range(1, n)], "eagle")
 
 
@@ -367,7 +370,6 @@ def compile_logits(target) -> Trusted:
     compiled (see the module docstring): one-row, few-row (static per count) and several-row
     wrappers. The bodies are the same on purpose: dynamo keeps its compiled graphs per code
     object, so each def keeps its own cache."""
-    from respec.verify import number_table
 
     fuse = target.vocab_size < 2 ** 24          # the table's ids are float32; else the eager numbers
 
@@ -419,8 +421,6 @@ def warm_up(target, progress: bool = True, pause: Callable[[], None] | None = No
     given, is called before each shape (a background compile waits there while requests run)."""
     from tqdm.auto import tqdm
 
-    from respec.models.kv import INITIAL_CAPACITY
-    from respec.tree import DraftTree
 
     t0 = time.perf_counter()
     compiled = [f for f in (target.fast.base, target.fast.logits) if isinstance(f, Trusted)]

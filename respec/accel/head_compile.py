@@ -64,12 +64,13 @@ from dataclasses import dataclass
 import torch
 
 from respec.accel.compiled import Trusted, compile_base_settings, one_row_options
-from respec.accel.graph_choice import fastest_of_rounds
+from respec.accel.graph_choice import choose_eager_from, fastest_of_rounds, forced_eager_from
 from respec.accel.linear_layout import MARGIN as ROUTE_MARGIN
 from respec.accel.linear_layout import linear_layouts, transposed_linear
 from respec.accel.settings import read_settings
 from respec.drafters.heads.eagle import LMHead
-from respec.models.kv import reserve, slab_cache
+from respec.models.attention import additive_mask
+from respec.models.kv import INITIAL_CAPACITY, reserve, slab_cache
 
 # head calls of up to this many rows (a step's catch-up, a tree layer of the CPU default top_k 4) run
 # static graphs with the small-row options, where the device has them (module docstring)
@@ -223,7 +224,6 @@ class CompiledHead:
         of `rounds` after one untimed call each), and set `eager_from` (graph_choice.choose_eager_from;
         RESPEC_EAGER_FROM forces it as for the target). bf16 on a CPU without bf16 instructions
         (session 41): 17 rows took 82.6 ms compiled against 18.4 eager."""
-        from respec.accel.graph_choice import choose_eager_from, forced_eager_from
 
         forced = forced_eager_from()
         if forced != "":
@@ -272,8 +272,6 @@ class CompiledHead:
         `pause`, when given, is called before each shape (respec/accel/compiled.py warm_up)."""
         from tqdm.auto import tqdm
 
-        from respec.models.attention import additive_mask
-        from respec.models.kv import INITIAL_CAPACITY
 
         t0 = time.perf_counter()
         fns = [fn for fn in (self.forward_fn, self.logits_fn, self.small_fn) if fn is not None]

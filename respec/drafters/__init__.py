@@ -10,8 +10,12 @@ that package cannot be imported.
 from __future__ import annotations
 
 from respec.config import METHODS, EngineConfig
-from respec.drafters.base import (Candidate, CandidateOutcome, Decision, DraftContext, Drafter, Proposal,
-                                    StepOutcome)
+from respec.drafters.base import Candidate, CandidateOutcome, Decision, DraftContext, Drafter, Proposal, StepOutcome
+from respec.drafters.eagle2 import Eagle2Drafter
+from respec.drafters.heads.eagle import random_head
+from respec.drafters.respec import VARIANTS, ReSpecDrafter
+from respec.drafters.sam import SamDrafter
+from respec.drafters.vanilla import VanillaDrafter
 from respec.errors import ConfigError
 
 __all__ = ["Candidate", "CandidateOutcome", "Decision", "DraftContext", "Drafter", "Proposal", "StepOutcome",
@@ -21,11 +25,6 @@ __all__ = ["Candidate", "CandidateOutcome", "Decision", "DraftContext", "Drafter
 def make_drafter(method: str, target, config: EngineConfig, head=None, memory=None) -> Drafter:
     """`memory`: the runner's RunnerMemory (the `suffix` method's trees, ReSpec's earlier answers
     and the EAGLE head's back-off across requests; nothing carried over when None)."""
-    from respec.drafters.eagle2 import Eagle2Drafter
-    from respec.drafters.heads.eagle import random_head
-    from respec.drafters.respec import VARIANTS, ReSpecDrafter
-    from respec.drafters.sam import SamDrafter
-    from respec.drafters.vanilla import VanillaDrafter
 
     if method not in METHODS:
         raise ConfigError(f"method {method!r} is not available; choose one of {', '.join(METHODS)}")

@@ -28,12 +28,16 @@ from typing import Any, Callable, Sequence
 
 from respec._io import atomic_write_text
 from respec.anatomy import DepthAcceptance, Totals, acceptance_by_depth, token_times, totals_of
+from respec.config import METHODS, EngineConfig, is_lossless
+from respec.errors import ConfigError, RespecError
 from respec.lab.questions import CATEGORIES, MT_BENCH, Question, bench_category, load_questions
 from respec.lab.report import (SUMMARY_COLUMNS, add_hist, bench_figures, repeat_speedups, speedup_matrix_markdown,
-                                 spread_text, summarize, summary_table_markdown, write_reports)
-from respec.config import EngineConfig, is_lossless
-from respec.errors import ConfigError, RespecError
+                               spread_text, summarize, summary_table_markdown, write_reports)
+from respec.memory import RunnerMemory
+from respec.models.devices import machine_summary
+from respec.runner import parse_methods
 from respec.tokens import first_divergence
+from respec.transfer import barrier
 
 __all__ = ["CATEGORIES", "MT_BENCH", "PEERS", "Question", "RecordSink", "SUMMARY_COLUMNS", "bench_category",
            "bench_figures", "compare_to_vanilla", "first_divergence", "gap_tolerance", "hf_generate",
@@ -71,8 +75,6 @@ PLD_TOKENS = 10                          # transformers' prompt_lookup_num_token
 
 def parse_bench_methods(text: str | Sequence[str]) -> list[str]:
     """Engine methods and peers, in order, without duplicates. Raises ConfigError."""
-    from respec.config import METHODS
-    from respec.runner import parse_methods
     methods = parse_methods(text, METHODS + PEERS)
     if "suffix" in methods:
         from respec.drafters.suffix import suffix_library
@@ -155,7 +157,6 @@ def hf_generate(runner, prompt_ids: Sequence[int], method: str, max_new_tokens: 
     is measured the same way as ours (tokens committed per forward after the prefill)."""
     import torch
 
-    from respec.transfer import barrier
 
     model, target = runner.target.model, runner.target
     eos = sorted(target.eos_token_ids)
@@ -209,7 +210,6 @@ MACHINE_FILE = "machine.json"     # what this (last) run ran on; not part of the
 def _machine(runner) -> dict[str, Any]:
     """The machine and the forward as this run found them: respec.models.devices.machine_summary,
     compiled or eager, and the load's linear plan (which can differ from load to load)."""
-    from respec.models.devices import machine_summary
     forward = runner.target.describe_forward()
     return {**machine_summary(runner.target.device), "forward": forward.mode, "linear_layout": forward.linear_layout}
 
@@ -292,7 +292,6 @@ def run_bench(runner, questions: list[Question], methods: list[str], base: Engin
     import pandas as pd
     from tqdm import tqdm
 
-    from respec.memory import RunnerMemory
 
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ConfigError(f"repeats must be an integer >= 1, got {repeats!r}")

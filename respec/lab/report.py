@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Sequence
 
 from respec._io import atomic_write_text
+from respec.anatomy import DepthAcceptance, Totals, anatomy
 from respec.lab.questions import CATEGORIES
 
 
@@ -182,7 +183,6 @@ def anatomy_columns(g: "pandas.DataFrame", vanilla: "pandas.DataFrame") -> dict[
     speedup's factors over vanilla's records of the same group (respec/anatomy.py: tokens per
     forward, a forward's cost in plain forwards, its ms split, the cost model's prediction against
     what the planned steps realised). NaN where the records predate these fields (and for peers)."""
-    from respec.anatomy import DepthAcceptance, Totals, anatomy
     nan = float("nan")
     out = {f"accept_at_depth_{d}": nan for d in range(1, SUMMARY_DEPTHS + 1)}
     out.update({f"reach_depth_{d}": nan for d in range(1, SUMMARY_DEPTHS + 1)})

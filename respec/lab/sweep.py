@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from respec._io import atomic_write_text
-from respec.lab.bench import (RUN_FILE, Question, RecordSink, _resume_records, _run_identity, compare_to_vanilla,
-                          gap_tolerance, run_question)
-from respec.lab.report import summarize
-from respec.config import ALIASES, EngineConfig, is_lossless
+from respec.config import ALIASES, EngineConfig, coerce_setting, is_lossless
 from respec.errors import ConfigError
+from respec.lab.bench import (RUN_FILE, Question, RecordSink, _resume_records, _run_identity, compare_to_vanilla,
+                              gap_tolerance, run_question)
+from respec.lab.report import summarize
 
 MAX_POINTS = 100
 RESULTS_FILE = "sweep_results.jsonl"
@@ -47,7 +47,6 @@ def parse_grid(text: str, base: EngineConfig | None = None) -> Grid:
     """"k=v1,v2;k2=v3" -> Grid. Raises ConfigError naming the problem: empty grid, a part
     without '=', a key without values, a repeated or unknown key, a value out of range, or more
     than MAX_POINTS points."""
-    from respec.config import coerce_setting
     base = base or EngineConfig()
     if not isinstance(text, str) or not text.strip():
         raise ConfigError('the grid is empty: give it as "theta_H=0.5,1,1.5;alpha=0.1,0.3"')
@@ -137,7 +136,6 @@ def sweep_rows(records: "pandas.DataFrame", grid: Grid, quality: str) -> list[di
 
 def heatmap_figure(rows: Sequence[dict], grid: Grid, quality: str, method: str):
     """Speedup and quality over the grid's first two keys (bars for one key); Pareto points ringed."""
-    import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     qname = "NLL ratio vs vanilla (lower is better)" if quality == "nll_ratio" else "exact-match rate vs vanilla"

@@ -1,25 +1,22 @@
-"""Target models: loading (`load_target`) and the HF adapter behind the TargetModel seam."""
+"""Target models: loading (`load_target`, respec/models/loading.py) and the HF adapter behind the
+TargetModel seam (respec/models/base.py, respec/models/hf.py).
+
+Importing this package loads nothing heavy: `load_target` is looked up on first use (as the
+`respec` package does with its public names), so `respec.models.base` and the small modules stay
+importable without transformers' model code.
+"""
 from __future__ import annotations
 
-from respec.models.base import TargetModel, TargetOutput
+from respec.models.base import ForwardInfo, TargetModel, TargetOutput
 
-__all__ = ["TargetModel", "TargetOutput", "load_target"]
+_LAZY = {"load_target": ("respec.models.loading", "load_target")}
+
+__all__ = ["ForwardInfo", "TargetModel", "TargetOutput", "load_target"]
 
 
-def load_target(spec: str = "default", device: str = "auto", dtype: str = "auto", compile: str = "off"):
-    """Load a target ("default" | HF hub id | local HF dir | .gguf path) and wrap it as an HFTarget
-    (tokenizer attached as `.tokenizer`, load facts as `.loaded`). `compile="on"` compiles its
-    forward and warms it up before returning (respec/accel/compiled.py). Raises ModelLoadError,
-    or ValueError for a bad `compile`."""
-    from respec.config import check_compile_choice
-    from respec.models.hf import HFTarget
-    from respec.models.loading import load_model
-
-    compile = check_compile_choice(compile)
-    loaded = load_model(spec, device=device, dtype=dtype)
-    target = HFTarget(loaded.model, eos_token_ids=loaded.eos_token_ids, context_length=loaded.context_length,
-                      name=loaded.name, tokenizer=loaded.tokenizer)
-    target.loaded = loaded
-    if compile == "on":
-        target.enable_compile()
-    return target
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(module), attr)
+    raise AttributeError(f"module 'respec.models' has no attribute {name!r}")

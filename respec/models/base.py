@@ -18,14 +18,33 @@ engine, the drafters and the runner read of a target is declared here; respec/mo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import torch
 
 from respec.tree import DraftTree
 
-if TYPE_CHECKING:
-    from respec.models.loading import LoadedModel
+
+@dataclass
+class LoadedModel:
+    """A ready-to-run target: what the engine, the app and the benchmarks receive."""
+
+    model: Any                          # HF causal LM (PreTrainedModel), eval mode, requires_grad off
+    tokenizer: Any                      # HF tokenizer, or None for tokenizer-free test models (models/tiny.py)
+    name: str                           # human-readable, e.g. "SmolLM2-135M-Instruct"
+    source: str                         # what was actually loaded: a local dir (the bf16 cache), or a Hub id
+    device: torch.device                # where input ids go (the embedding's device under device_map="auto")
+    dtype: torch.dtype                  # parameter dtype
+    architecture: str                   # e.g. "LlamaForCausalLM"
+    context_length: int                 # max positions (config.max_position_embeddings)
+    eos_token_ids: frozenset[int]       # every id that ends a response (generation_config + tokenizer)
+    origin: str = ""                    # where the weights came from before caching, e.g. the .gguf path
+    spec: str = ""                      # the spec load_model was given ("default", a path, a Hub id)
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the output layer (may exceed len(tokenizer) when the vocabulary is padded)."""
+        return int(self.model.get_output_embeddings().weight.shape[0])
 
 
 @dataclass(frozen=True)

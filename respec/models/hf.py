@@ -31,11 +31,10 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 import torch
 from transformers import DynamicCache
 
-from respec.models.base import TargetOutput
-from respec.models.compat import cache_kwarg, check_placement, check_transformers, cuda_devices
 from respec.errors import ConfigError
 from respec.models.attention import additive_mask, use_tree_attention
-from respec.models.base import ForwardInfo
+from respec.models.base import ForwardInfo, LoadedModel, TargetOutput
+from respec.models.compat import cache_kwarg, check_placement, check_transformers, cuda_devices
 from respec.models.kv import slab_cache
 from respec.models.timing import fastest_of_rounds
 from respec.transfer import barrier, upload, upload_parts
@@ -50,7 +49,6 @@ except ImportError:
 
 if TYPE_CHECKING:
     from respec.accel.linear_layout import LinearLayouts
-    from respec.models.loading import LoadedModel
 
 
 class HFTarget:

@@ -32,11 +32,14 @@ from typing import Any
 
 import torch
 
-from respec.errors import ConfigError, ModelLoadError
-from respec.models.compat import transformers_quiet
+from respec.config import check_compile_choice
+from respec.errors import ConfigError, ModelLoadError, RespecError
+from respec.models.base import LoadedModel  # noqa: F401 (load_model's record, importable from here too)
+from respec.models.compat import check_placement, transformers_quiet
 from respec.models.default_model import (DEFAULT_NAME, cache_is_valid, default_cache_dir, ensure_default_model,
                                          gguf_to_cache)
 from respec.models.devices import device_map_for, is_dtype_setting, resolve_device, resolve_dtype
+from respec.models.hf import HFTarget
 
 # Re-exported for callers outside respec/ that import it from here (tests/test_app_client.py,
 # tests/test_app_browser.py); new code imports it from respec.models.default_model.
@@ -49,28 +52,6 @@ log = logging.getLogger(__name__)
 END_OF_TURN_MARKERS = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>")
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
-
-
-@dataclasses.dataclass
-class LoadedModel:
-    """A ready-to-run target: what the engine, the app and the benchmarks receive."""
-
-    model: Any                          # HF causal LM (PreTrainedModel), eval mode, requires_grad off
-    tokenizer: Any                      # HF tokenizer, or None for tokenizer-free test models (models/tiny.py)
-    name: str                           # human-readable, e.g. "SmolLM2-135M-Instruct"
-    source: str                         # what was actually loaded: a local dir (the bf16 cache), or a Hub id
-    device: torch.device                # where input ids go (the embedding's device under device_map="auto")
-    dtype: torch.dtype                  # parameter dtype
-    architecture: str                   # e.g. "LlamaForCausalLM"
-    context_length: int                 # max positions (config.max_position_embeddings)
-    eos_token_ids: frozenset[int]       # every id that ends a response (generation_config + tokenizer)
-    origin: str = ""                    # where the weights came from before caching, e.g. the .gguf path
-    spec: str = ""                      # the spec load_model was given ("default", a path, a Hub id)
-
-    @property
-    def vocab_size(self) -> int:
-        """Rows of the output layer (may exceed len(tokenizer) when the vocabulary is padded)."""
-        return int(self.model.get_output_embeddings().weight.shape[0])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,7 +174,6 @@ def _load_weights(spec: str, where: ResolvedSpec, dtype: torch.dtype, device: to
     Raises ModelLoadError, also when accelerate offloaded part of the model after all."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from respec.models.compat import check_placement
 
     try:
         with transformers_quiet() if where.ours else contextlib.nullcontext():
@@ -277,7 +257,6 @@ def _main(argv: Sequence[str] | None = None) -> int:
     if not (args.prefetch or args.load):
         parser.print_help()
         return 0
-    from respec.errors import RespecError
 
     try:
         if args.prefetch:
@@ -296,3 +275,18 @@ def _main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(_main())
+
+
+def load_target(spec: str = "default", device: str = "auto", dtype: str = "auto", compile: str = "off") -> HFTarget:
+    """Load a target ("default" | HF hub id | local HF dir | .gguf path) and wrap it as an HFTarget
+    (tokenizer attached as `.tokenizer`, load facts as `.loaded`). `compile="on"` compiles its
+    forward and warms it up before returning (respec/accel/target_compile.py). Raises
+    ModelLoadError, or ValueError for a bad `compile`."""
+    compile = check_compile_choice(compile)
+    loaded = load_model(spec, device=device, dtype=dtype)
+    target = HFTarget(loaded.model, eos_token_ids=loaded.eos_token_ids, context_length=loaded.context_length,
+                      name=loaded.name, tokenizer=loaded.tokenizer)
+    target.loaded = loaded
+    if compile == "on":
+        target.enable_compile()
+    return target

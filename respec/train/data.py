@@ -32,6 +32,7 @@ import torch
 
 from respec._io import atomic_write_text
 from respec.errors import ConfigError, RespecError
+from respec.prompting import encode_prompt
 
 
 @dataclass(frozen=True)
@@ -162,7 +163,6 @@ def response_key(prompt_ids: Sequence[int], max_new_tokens: int) -> str:
 
 def encode_prompts(target, prompts: Sequence[Prompt], chat: bool = True, max_prompt_tokens: int = 1024
                    ) -> list[tuple[Prompt, list[int]]]:
-    from respec.prompting import encode_prompt
     out = []
     for p in prompts:
         ids = list(p.ids) if p.ids is not None else encode_prompt(target.tokenizer, p.text, chat=chat)

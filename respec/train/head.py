@@ -19,6 +19,8 @@ from typing import Any, Callable
 
 import torch
 
+from respec.drafters.eagle2 import load_eagle_head, random_head
+from respec.drafters.heads.eagle3 import random_eagle3_head
 from respec.errors import RespecError
 
 
@@ -41,13 +43,11 @@ def make_head(target, *, seed: int = 0, init_from_last_layer: bool = False, arch
     input RMSNorm weight folded into q/k/v, since the head has no input norm) and fc starts as
     [small random | identity], i.e. it passes f_t through."""
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-    from respec.drafters.eagle2 import random_head
 
     last = _target_layers(target)[-1]
     qkv_bias = getattr(getattr(last.self_attn, "q_proj", None), "bias", None) is not None
     dtype = train_dtype(target)
     if arch == "eagle3":
-        from respec.drafters.heads.eagle3 import random_eagle3_head
         head = random_eagle3_head(target, seed=seed, qkv_bias=qkv_bias, draft_vocab=draft_vocab).to(dtype=dtype)
     else:
         head = random_head(target, seed=seed, qkv_bias=qkv_bias).to(dtype=dtype)
@@ -89,7 +89,6 @@ def initial_head(target, cfg, state: dict[str, Any] | None, log: Callable[[str],
     from a saved one keeps that head's draft vocabulary (its lm_head's rows)."""
     if cfg.arch == "eagle3" and cfg.init_from:
         from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-        from respec.drafters.eagle2 import load_eagle_head
         head = load_eagle_head(cfg.init_from, target, train_dtype(target))
         if head.feature_layers is None:
             raise RespecError(f"--arch eagle3 cannot start from {cfg.init_from}: it is an EAGLE-1/2 head")
@@ -104,7 +103,6 @@ def initial_head(target, cfg, state: dict[str, Any] | None, log: Callable[[str],
     if state is not None:
         head.load_state_dict(state["head"])
     elif cfg.init_from:
-        from respec.drafters.eagle2 import load_eagle_head
         src = {k: v for k, v in load_eagle_head(cfg.init_from, target, train_dtype(target)).state_dict().items()
                if not k.startswith("rotary")}
         missing, unexpected = head.load_state_dict(src, strict=False)

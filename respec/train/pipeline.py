@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from respec.errors import ConfigError, RespecError
+from respec.models.default_model import project_root
+from respec.prompting import encode_prompt
 from respec.train.data import (Prompt, ResponseStore, generate_responses, load_prompt_file, offline_texts,
                                passage_prompts, target_slug, text_examples, text_prompts)
 from respec.train.exclusion import BenchmarkGuard
@@ -32,12 +34,10 @@ from respec.train.trainer import TrainConfig, train_eagle
 
 
 def default_spec_bench() -> Path:
-    from respec.models.default_model import project_root
     return project_root().parent / "shared" / "spec_bench" / "question_dev.jsonl"
 
 
 def default_data_dir(slug: str) -> Path:
-    from respec.models.default_model import project_root
     return project_root() / "data" / "eagle" / slug
 
 
@@ -115,7 +115,6 @@ _MATERIAL = ("si1-question", "si1-article", "si1-problem", "si1-german")
 
 
 def _message_prompts(items, tokenizer) -> list[Prompt]:
-    from respec.prompting import encode_prompt
     out = []
     for category, msgs in items:
         key = hashlib.sha1(json.dumps(msgs).encode("utf-8")).hexdigest()[:16]

@@ -25,6 +25,7 @@ from typing import Iterable, Sequence
 import torch
 
 from respec._io import atomic_write_text
+from respec.drafters.eagle2 import save_eagle_head
 from respec.train.data import Example
 
 PUBLISHED = "training.json"
@@ -83,7 +84,6 @@ def data_summary(examples: Sequence[Example]) -> dict:
 
 def publish_head(head, publish: Path, info: dict) -> None:
     """Write `head` (bfloat16, published layout) and training.json (`info` + when) into `publish`."""
-    from respec.drafters.eagle2 import save_eagle_head
 
     copied = copy.deepcopy(head).to(torch.bfloat16)
     copied.draft_vocab = head.draft_vocab

@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 
 from respec._io import atomic_write_text
+from respec.models.default_model import cache_root
 from respec.train.data import ResponseStore
 from respec.train.exclusion import BenchmarkGuard
 
@@ -26,7 +27,6 @@ MAX_VERDICTS = 10_000                  # oldest verdicts are dropped beyond this
 
 
 def default_verdicts_file() -> Path:
-    from respec.models.default_model import cache_root
     return cache_root() / "train" / VERDICTS_FILE
 
 

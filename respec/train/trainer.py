@@ -51,13 +51,12 @@ import torch
 import torch.nn.functional as F
 
 from respec._io import atomic_path, atomic_write_text
-from respec.drafters.eagle2 import LMHead
+from respec.drafters.eagle2 import LMHead, save_eagle_head
 from respec.errors import ConfigError, RespecError
 from respec.train.data import Example, is_validation, target_slug
 from respec.train.features import FeatureCache, collate, frequent_next_tokens, target_features
 from respec.train.head import head_forward, head_unroll, initial_head, make_head, train_dtype, ttt_mask
-from respec.train.publish import (PUBLISHED, chain_score, data_summary, publish_head, published_score,
-                                   val_fingerprint)
+from respec.train.publish import chain_score, data_summary, publish_head, published_score, val_fingerprint
 
 __all__ = ["CHECKPOINT", "LOG", "FeatureCache", "TrainConfig", "batch_loss", "check_out_dir", "collate", "evaluate",
            "frequent_next_tokens", "head_forward", "head_unroll", "lr_at", "make_head", "split", "target_features",
@@ -461,7 +460,6 @@ def train_eagle(target, examples: Sequence[Example], out_dir: str | Path, cfg: T
     """Train an EAGLE head for `target` on `examples`; write checkpoint, log and the head to out_dir,
     and every head that improves validation top-1 to `publish` (see the module docstring).
     Returns the last log record. Raises ConfigError / RespecError on bad input."""
-    from respec.drafters.eagle2 import save_eagle_head
 
     cfg = dataclasses.replace(cfg).validate()
     out = Path(out_dir)

@@ -22,7 +22,6 @@ from respec.errors import ModelLoadError
 from respec.models.base import TargetModel
 from respec.models.loading import _HUB_ID
 
-
 HEAD_FILES = ("config.json", "model.safetensors", "pytorch_model.bin")
 
 
