@@ -2,7 +2,21 @@
 causal LMs, with per-step traces as first-class data.
 
 Importing this package does no work (no model loading, no environment changes). Public API:
-`load_target`, `EngineConfig`, `Engine`, `make_drafter`, `DraftTree`, `Verdict`, trace I/O.
+`load_target`, `EngineConfig`, `Engine`, `make_drafter`, `DraftTree`, `Verdict`, trace I/O (the
+names below), and the modules of PUBLIC_MODULES: `respec.runner` (Runner, ModelChoice, the run
+stream, release_memory), `respec.models` (load_target), `respec.config`, `respec.errors`,
+`respec.trace`, `respec.tokens`, `respec.anatomy`, and the lab's `respec.lab.bench` and
+`respec.lab.sweep`. The app (app/) imports nothing else of respec (tests/test_code_shape.py).
+
+Rooms (imports point one way: lab -> runner -> engine / drafters -> models; accel/ is used by the
+models/ adapters and the runner only, and the algorithm runs eagerly without it):
+- the algorithm: engine, tree, verify, sampling, tokens, cost, config, errors, trace, anatomy,
+  transfer, memory, prompting; drafters/ (heads/: the EAGLE heads and their checkpoints);
+  retrieval/;
+- composition: runner, cli; models/ (targets, loading, the HF adapter);
+- accel/: what makes a forward faster on a given machine (compile, graph choice, linear layouts,
+  the head's compile, the collector's settling, the speed variables);
+- lab/: bench, reports, questions, sweeps, the roofline; train/: EAGLE head training.
 """
 from __future__ import annotations
 
@@ -22,6 +36,9 @@ _LAZY = {
 }
 
 __all__ = list(_LAZY)
+
+PUBLIC_MODULES = ("respec", "respec.runner", "respec.models", "respec.config", "respec.errors", "respec.trace",
+                  "respec.tokens", "respec.anatomy", "respec.lab.bench", "respec.lab.sweep")
 
 
 def __getattr__(name: str):

@@ -19,8 +19,10 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Mapping
 
+from respec._io import atomic_write_text
 from respec.config import EngineConfig
 from respec.drafters.base import Decision
 from respec.errors import ConfigError, TraceFormatError
@@ -202,6 +204,11 @@ def result_to_dict(result: GenerationResult) -> dict:
 
 def result_to_json(result: GenerationResult, indent: int | None = None) -> str:
     return json.dumps(result_to_dict(result), indent=indent, ensure_ascii=False, allow_nan=True)
+
+
+def write_trace(result: GenerationResult, path: str | Path) -> None:
+    """`result` as a trace file at `path`, written whole or not at all (a temporary file, renamed)."""
+    atomic_write_text(path, result_to_json(result))
 
 
 def _text(value: Any) -> str:

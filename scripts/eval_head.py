@@ -20,7 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # `python scri
 
 
 def main() -> None:
-    from respec.drafters.eagle2 import LMHead, load_eagle_head
+    from respec.drafters.heads.eagle import LMHead
+    from respec.drafters.heads.checkpoint import load_eagle_head
     from respec.models import load_target
     from respec.train.data import ResponseStore, target_slug
     from respec.train.pipeline import default_data_dir

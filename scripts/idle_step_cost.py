@@ -39,7 +39,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from respec.lab.bench import load_questions
-    from respec.drafters.eagle2 import random_head
+    from respec.drafters.heads.eagle import random_head
     from respec.models import load_target
     from respec.runner import Runner
 

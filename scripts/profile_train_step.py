@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def main() -> None:
-    from respec.drafters.eagle2 import LMHead
+    from respec.drafters.heads.eagle import LMHead
     from respec.models import load_target
     from respec.train.trainer import TrainConfig, batch_loss, head_forward, make_head, target_features
 

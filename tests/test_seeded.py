@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from respec.drafters.eagle2 import random_head
+from respec.drafters.heads.eagle import random_head
 from respec.models.seeded import seeded_init_
 from tests.conftest import make_target
 

@@ -9,7 +9,9 @@ import random
 import pytest
 import torch
 
-from respec.drafters.eagle2 import load_eagle_head, random_head
+from respec.drafters.heads.checkpoint import load_eagle_head
+
+from respec.drafters.heads.eagle import random_head
 from respec.errors import ConfigError, RespecError
 from respec.train.data import (Example, Prompt, ResponseStore, generate_responses, load_prompt_file,
                                offline_texts, passage_prompts, text_examples)
@@ -106,7 +108,7 @@ def test_ttt_training_logs_unrolled_top1_and_beats_teacher_forcing_there(llama_d
     assert "val_top1_depth3" in ttt and "val_top1_depth2" not in plain
     # score the teacher-forced head the same way
     plain_head = load_eagle_head(tmp_path / "plain", target, torch.float32)
-    from respec.drafters.eagle2 import LMHead
+    from respec.drafters.heads.eagle import LMHead
     from respec.train.trainer import evaluate, split
     _, val = split(store.examples(), 0.15, 64)
     unrolled = evaluate(plain_head, target, LMHead.of(target, torch.float32), val,

@@ -18,8 +18,7 @@ from app.session.hub import ModelHub
 from app.session.settings import Caps, build_config, method_label
 from app.session.traces import TRACES_DIR
 from app.views.decoders import TokenizerDecoder
-from respec._io import atomic_write_text
-from respec.trace import result_to_json
+from respec.trace import write_trace
 
 PROMPTS = {
     "days-of-the-week": "List the days of the week, one per line. Then list them again, each followed by the word \"again\".",
@@ -51,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
                 if done:
                     run = finish_run(result, decoder)
                     path = TRACES_DIR / f"{name}__{key}.json"
-                    atomic_write_text(path, result_to_json(run.result))
+                    write_trace(run.result, path)
                     st = run.result.stats
                     print(f"{path.relative_to(TRACES_DIR.parent.parent)}: {method_label(method)}, {st.new_tokens} tokens, "
                           f"{st.steps} steps, MAT {st.mean_accepted_length:.2f}, {st.steps_by_source}", file=sys.stderr)

@@ -15,6 +15,7 @@ from respec.drafters.eagle2 import Eagle2Drafter
 from respec.drafters.heads.eagle import random_head
 from respec.drafters.respec import VARIANTS, ReSpecDrafter
 from respec.drafters.sam import SamDrafter
+from respec.drafters.suffix import SuffixDrafter, SuffixMemory
 from respec.drafters.vanilla import VanillaDrafter
 from respec.errors import ConfigError
 
@@ -31,7 +32,6 @@ def make_drafter(method: str, target, config: EngineConfig, head=None, memory=No
     if method == "vanilla":
         return VanillaDrafter()
     if method == "suffix":
-        from respec.drafters.suffix import SuffixDrafter, SuffixMemory
         return SuffixDrafter(config.suffix, memory.suffix if memory is not None else SuffixMemory(),
                              stop_token_ids=target.eos_token_ids)
     answers = memory.answers if memory is not None else None

@@ -37,10 +37,8 @@ from respec.drafters.base import Decision, DraftContext, Proposal, StepOutcome
 
 # the search (respec/drafters/eagle_search.py); its names stay importable from here
 from respec.drafters.eagle_search import ExpandRule, StepFn, expand_tree  # noqa: F401
-from respec.drafters.heads.checkpoint import load_eagle_head, resolve_head_dir, save_eagle_head  # noqa: F401
 
-# The head's public names stay importable from here for respec.train, respec.cli and scripts/.
-from respec.drafters.heads.eagle import EagleHead, LMHead, random_head  # noqa: F401
+from respec.drafters.heads.eagle import EagleHead
 from respec.drafters.probe import bound_hits, check_vocab
 from respec.models.attention import additive_mask
 from respec.models.base import TargetModel

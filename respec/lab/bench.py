@@ -29,6 +29,7 @@ from typing import Any, Callable, Sequence
 from respec._io import atomic_write_text
 from respec.anatomy import DepthAcceptance, Totals, acceptance_by_depth, token_times, totals_of
 from respec.config import METHODS, EngineConfig, is_lossless
+from respec.drafters.suffix import suffix_library
 from respec.errors import ConfigError, RespecError
 from respec.lab.questions import CATEGORIES, MT_BENCH, Question, bench_category, load_questions
 from respec.lab.report import (SUMMARY_COLUMNS, add_hist, bench_figures, repeat_speedups, speedup_matrix_markdown,
@@ -77,7 +78,6 @@ def parse_bench_methods(text: str | Sequence[str]) -> list[str]:
     """Engine methods and peers, in order, without duplicates. Raises ConfigError."""
     methods = parse_methods(text, METHODS + PEERS)
     if "suffix" in methods:
-        from respec.drafters.suffix import suffix_library
         if suffix_library()[0] is None:
             raise ConfigError(suffix_library()[1])
     return methods
@@ -219,7 +219,7 @@ def _run_identity(runner, base: EngineConfig) -> dict[str, Any]:
     identity = {"model": getattr(loaded, "name", getattr(runner.target, "name", "model")),
                 "dtype": str(runner.target.dtype), "device": str(runner.target.device),
                 "eagle_head": getattr(runner, "head_info", None), "config": base.to_dict()}
-    if getattr(runner.target, "compiled", False):      # only when on, so earlier eager folders still resume
+    if runner.target.describe_forward().compiled:      # only when on, so earlier eager folders still resume
         identity["compiled"] = True
     return identity
 

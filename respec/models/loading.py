@@ -40,6 +40,7 @@ from respec.models.default_model import (DEFAULT_NAME, cache_is_valid, default_c
                                          gguf_to_cache)
 from respec.models.devices import device_map_for, is_dtype_setting, resolve_device, resolve_dtype
 from respec.models.hf import HFTarget
+from respec.models.names import HUB_ID
 
 # Re-exported for callers outside respec/ that import it from here (tests/test_app_client.py,
 # tests/test_app_browser.py); new code imports it from respec.models.default_model.
@@ -51,7 +52,6 @@ log = logging.getLogger(__name__)
 # template uses them (SmolLM2/Qwen: <|im_end|>, Llama 3: <|eot_id|>, Gemma: <end_of_turn>, Phi-3: <|end|>).
 END_OF_TURN_MARKERS = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>")
 
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +97,7 @@ def _resolve_spec(spec: str, fetch: bool) -> ResolvedSpec:
     if spec.lower().endswith(".gguf") or path.is_dir():
         return _resolve_path_spec(spec, path)
     looks_like_path = spec.startswith((".", "/", "~")) or os.sep in spec and path.parent.exists() \
-        or not _HUB_ID.match(spec)
+        or not HUB_ID.match(spec)
     if looks_like_path:
         raise ModelLoadError(
             f"Model {spec!r} not found. Tried: local directory {path.resolve()} (does not exist); "

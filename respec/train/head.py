@@ -19,7 +19,9 @@ from typing import Any, Callable
 
 import torch
 
-from respec.drafters.eagle2 import load_eagle_head, random_head
+from respec.drafters.heads.checkpoint import load_eagle_head
+
+from respec.drafters.heads.eagle import random_head
 from respec.drafters.heads.eagle3 import random_eagle3_head
 from respec.errors import RespecError
 

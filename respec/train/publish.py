@@ -25,7 +25,7 @@ from typing import Iterable, Sequence
 import torch
 
 from respec._io import atomic_write_text
-from respec.drafters.eagle2 import save_eagle_head
+from respec.drafters.heads.checkpoint import save_eagle_head
 from respec.train.data import Example
 
 PUBLISHED = "training.json"

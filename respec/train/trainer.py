@@ -51,7 +51,8 @@ import torch
 import torch.nn.functional as F
 
 from respec._io import atomic_path, atomic_write_text
-from respec.drafters.eagle2 import LMHead, save_eagle_head
+from respec.drafters.heads.eagle import LMHead
+from respec.drafters.heads.checkpoint import save_eagle_head
 from respec.errors import ConfigError, RespecError
 from respec.train.data import Example, is_validation, target_slug
 from respec.train.features import FeatureCache, collate, frequent_next_tokens, target_features

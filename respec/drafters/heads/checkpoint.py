@@ -20,7 +20,7 @@ from respec.drafters.heads.eagle import _HEAD_KEYS, EagleHead, _to_target, head_
 from respec.drafters.heads.eagle3 import build_eagle3_head, eagle3_state_and_config
 from respec.errors import ModelLoadError
 from respec.models.base import TargetModel
-from respec.models.loading import _HUB_ID
+from respec.models.names import HUB_ID
 
 HEAD_FILES = ("config.json", "model.safetensors", "pytorch_model.bin")
 
@@ -33,7 +33,7 @@ def resolve_head_dir(spec: str | Path) -> Path:
     if path.is_dir():
         return path
     text = str(spec).strip()
-    if text.startswith((".", "/", "~")) or path.suffix in (".bin", ".safetensors", ".json") or not _HUB_ID.match(text):
+    if text.startswith((".", "/", "~")) or path.suffix in (".bin", ".safetensors", ".json") or not HUB_ID.match(text):
         raise ModelLoadError(f"EAGLE head {text!r} not found: {path.resolve()} is not a directory, and it is not "
                              "a Hugging Face Hub id either. Pass a checkpoint directory (config.json + weights) or a "
                              "Hub id such as yuhuili/EAGLE-Vicuna-7B-v1.3.")
