@@ -33,3 +33,19 @@ def test_retrieval_drafters_use_the_inner_eagle_drafter_through_methods_only():
                  if isinstance(n, ast.Attribute) and id(n) not in calls
                  and isinstance(n.value, ast.Attribute) and n.value.attr == "eagle"]
         assert not reads, reads
+
+
+def test_app_never_calls_into_the_engine():
+    """app/ runs a method through `Runner.stream` (a RunStream: steps, partial(), result), never the
+    Engine: no import of respec.engine, no runner.engine(), no engine.prefill / engine.assemble."""
+    found = []
+    for path in [p for p in SOURCES if p.is_relative_to(ROOT / "app")]:
+        rel = path.relative_to(ROOT)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("respec.engine"):
+                found.append(f"{rel}:{node.lineno} from {node.module} import ...")
+            elif isinstance(node, ast.Import) and any(a.name.startswith("respec.engine") for a in node.names):
+                found.append(f"{rel}:{node.lineno} import respec.engine")
+            elif isinstance(node, ast.Attribute) and node.attr in ("engine", "prefill", "assemble"):
+                found.append(f"{rel}:{node.lineno} .{node.attr}")
+    assert not found, found
