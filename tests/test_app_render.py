@@ -215,6 +215,37 @@ def test_metrics_figure_has_histograms_and_timing(runs):
     assert list(fig.data[0].y) == list(runs["respec"].result.stats.accept_length_hist)
 
 
+def test_one_view_update_computes_each_runs_anatomy_once(runs, monkeypatch):
+    """A full update (metrics table, anatomy chart, explorer line, narration) walks each run's steps
+    for its acceptance by draft position once (it was up to five times for the run on screen), its
+    totals once and its anatomy once; a later slider move or comparison recomputes none of them."""
+    import collections
+    import dataclasses
+
+    import respec.anatomy as respec_anatomy
+    from app.events import updates
+    from app.session.state import Run
+
+    calls: collections.Counter = collections.Counter()
+    for name in ("acceptance_by_depth", "totals_of", "anatomy"):
+        def counted(*args, _f=getattr(respec_anatomy, name), _name=name, **kwargs):
+            calls[_name] += 1
+            return _f(*args, **kwargs)
+        monkeypatch.setattr(respec_anatomy, name, counted)
+    state = SessionState()
+    for key in ("respec", "eagle", "vanilla"):          # fresh result objects: nothing computed for them yet
+        state.put(key, Run(result=dataclasses.replace(runs[key].result), decoder=runs[key].decoder))
+    updates.full_update(state, show_rejected=False, teaching=True)
+    assert calls == {"acceptance_by_depth": 3, "totals_of": 3, "anatomy": 3}, \
+        f"One update computes each of the 3 runs' anatomy once, got {dict(calls)}."
+    calls.clear()
+    state.step = 1
+    updates.step_views(state, teaching=True)
+    updates.comparison_update(state)
+    assert not calls["acceptance_by_depth"] and not calls["totals_of"], \
+        f"A result's acceptance and totals are reused by later updates, got {dict(calls)}."
+
+
 # ------------------------------------------------------------------------------- step explorer
 def test_candidates_decision_and_narration_show_respec_records(runs):
     run = runs["respec"]
