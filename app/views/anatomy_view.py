@@ -128,9 +128,11 @@ def anatomy_figure(runs: Sequence[tuple[str, Any]], vanilla=None, height: int = 
                         subplot_titles=("accepted by draft position", "speedup = tokens/forward × cost",
                                         "verify cost on this machine"))
     palette = [COLORS["retrieval"], COLORS["eagle"], "#777777", COLORS["relaxed"]]
+    deepest = 1
     for k, ((label, r), m) in enumerate(zip(runs, metrics)):
         ys = m["accept_at_depth"]
         if ys:
+            deepest = max(deepest, len(ys))
             fig.add_trace(go.Scatter(x=list(range(1, len(ys) + 1)), y=ys, mode="lines+markers", name=label,
                                      line=dict(color=palette[k % len(palette)]), legendgroup=label), row=1, col=1)
     items = []
@@ -142,21 +144,31 @@ def anatomy_figure(runs: Sequence[tuple[str, Any]], vanilla=None, height: int = 
         for trace in waterfall_traces(items):
             fig.add_trace(trace, row=1, col=2)
     else:
-        fig.add_annotation(text="tick “also run vanilla” to measure it", showarrow=False, row=1, col=2,
-                           xref="x2 domain", yref="y2 domain", x=0.5, y=0.5)
+        _note_in_empty_panel(fig, "tick “also run vanilla” to measure it", col=2)
     curve = _curve(runs)
     if curve:
         sizes = sorted(curve)
         fig.add_trace(go.Scatter(x=sizes, y=[curve[n] / curve[sizes[0]] for n in sizes], mode="lines+markers",
                                  name="ms / one-token ms", line=dict(color="#444444"), showlegend=False,
                                  hovertemplate="%{x} tokens: %{y:.2f}× a one-token forward<extra></extra>"), row=1, col=3)
-    fig.update_xaxes(title_text="draft depth", dtick=1, row=1, col=1)
+    fig.update_xaxes(title_text="draft depth", dtick=1, range=[0.5, deepest + 0.5], row=1, col=1)
     fig.update_yaxes(title_text="accepted / reached", range=[0, 1.05], row=1, col=1)
     fig.update_xaxes(title_text="tree tokens", row=1, col=3)
     fig.update_yaxes(title_text="× one token", row=1, col=3)
     fig.update_layout(height=height, font=FONT, template="plotly_white", barmode="group",
                       margin=dict(l=10, r=10, t=48, b=36), legend=dict(orientation="h", y=-0.22, x=0))
     return fig
+
+
+def _note_in_empty_panel(fig, text: str, col: int) -> None:
+    """A note in the middle of column `col`'s panel (row 1), which has no data. plotly.js drops
+    axes no trace uses, and an annotation naming a dropped axis falls back to the first panel's
+    data coordinates (where it also stretched the depth axis to -2): so an empty trace keeps the
+    panel's axes alive, hidden, and the note is placed in their domain."""
+    fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", showlegend=False, hoverinfo="skip"), row=1, col=col)
+    fig.update_xaxes(visible=False, row=1, col=col)
+    fig.update_yaxes(visible=False, row=1, col=col)
+    fig.add_annotation(text=text, showarrow=False, xref=f"x{col} domain", yref=f"y{col} domain", x=0.5, y=0.5)
 
 
 def waterfall_traces(items: Sequence[tuple[str, float, float, float | None]]) -> list:
