@@ -32,7 +32,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
 import torch
 import transformers
@@ -46,7 +46,8 @@ from respec.engine import Engine
 from respec.errors import ConfigError
 from respec.memory import RunnerMemory
 from respec.prompting import encode_prompt
-from respec.trace import GenerationResult, StepTrace
+from respec.stream import RunStream
+from respec.trace import GenerationResult
 
 try:     # the speed machinery is optional: without respec.accel the runner serves eagerly
     from respec.accel import heap
@@ -256,19 +257,17 @@ class Runner:
         return result
 
     def stream(self, prompt: str | list[dict], config: EngineConfig, chat: bool = True,
-               max_prompt_tokens: int | None = None) -> tuple[Engine, list[int], Iterator[StepTrace]]:
-        """The engine, the prompt's ids and its steps as they come; a run streamed to its end joins
-        the earlier answers (`memory`)."""
+               max_prompt_tokens: int | None = None) -> RunStream:
+        """One prompt's run as a `RunStream` (respec/stream.py): iterate it for the steps as they
+        come, `partial()` for the result so far, `result` once exhausted, with the metadata
+        `generate` gives; a run streamed to its end joins the earlier answers (`memory`). Encoding
+        happens here (PromptError now); the prefill runs at the first step."""
         ids = self.encode(prompt, chat=chat, max_tokens=max_prompt_tokens)
-        engine = self.engine(config)
 
-        def steps() -> Iterator[StepTrace]:
-            done = []
-            for s in engine.stream(ids):
-                done.append(s)
-                yield s
-            self.memory.answers.add(engine.assemble(ids, done, 0.0, final=False).tokens)
-        return engine, ids, steps()
+        def finish(result: GenerationResult) -> None:
+            result.meta.update(self.meta(config, prompt))
+            self.memory.answers.add(result.tokens)
+        return RunStream(self.engine(config), ids, finish)
 
 
 def _yield_while_locked(lock, pause: Callable[[], None]):

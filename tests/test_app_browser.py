@@ -87,6 +87,27 @@ def test_run_compare_on_the_default_model(page):
     page.screenshot(path=str(SHOTS / "compare.png"), full_page=True)
 
 
+def test_without_vanilla_the_chart_note_sits_in_the_waterfall_panel(page):
+    """Compare without vanilla (the run above, or the recorded trace the page opens with): the note
+    "tick 'also run vanilla' to measure it" is drawn inside the waterfall's panel, not over the
+    acceptance-by-position panel, whose depth axis keeps the depths drawn (it was stretched to -2)."""
+    page.get_by_role("tab", name="Compare").click()
+    plot = page.locator("#anatomy-plot")
+    note = plot.locator("g.annotation", has_text="also run vanilla")
+    expect(note).to_be_visible(timeout=60_000)
+    box = note.bounding_box()
+    assert plot.locator(".draglayer .x2y2 rect.nsewdrag").count(), \
+        "the waterfall's panel has axes (plotly.js drops axes no trace uses; the note fell back to the first panel)"
+    waterfall = plot.locator(".draglayer .x2y2 rect.nsewdrag").first.bounding_box()
+    depth = plot.locator(".draglayer .xy rect.nsewdrag").first.bounding_box()
+    cx, cy = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+    assert (waterfall["x"] <= cx <= waterfall["x"] + waterfall["width"]
+            and waterfall["y"] <= cy <= waterfall["y"] + waterfall["height"]), (box, waterfall)
+    assert box["x"] >= depth["x"] + depth["width"], "the note stays out of the acceptance-by-position panel"
+    ticks = plot.locator(".subplot.xy .xaxislayer-above .xtick text").all_text_contents()   # SVG: no innerText
+    assert ticks and not any(t.strip().startswith(("-", "\u2212")) for t in ticks), f"depth ticks: {ticks}"
+
+
 def test_why_a_draft_pays_acceptance_by_position_and_the_waterfall(page):
     """With vanilla in the run: the anatomy chart draws acceptance by draft position (one line per
     run) and the speedup's waterfall with data, the metrics table states the factors, and the step

@@ -215,6 +215,55 @@ def test_metrics_figure_has_histograms_and_timing(runs):
     assert list(fig.data[0].y) == list(runs["respec"].result.stats.accept_length_hist)
 
 
+def test_one_view_update_computes_each_runs_anatomy_once(runs, monkeypatch):
+    """A full update (metrics table, anatomy chart, explorer line, narration) walks each run's steps
+    for its acceptance by draft position once (it was up to five times for the run on screen), its
+    totals once and its anatomy once; a later slider move or comparison recomputes none of them."""
+    import collections
+    import dataclasses
+
+    import respec.anatomy as respec_anatomy
+    from app.events import updates
+    from app.session.state import Run
+
+    calls: collections.Counter = collections.Counter()
+    for name in ("acceptance_by_depth", "totals_of", "anatomy"):
+        def counted(*args, _f=getattr(respec_anatomy, name), _name=name, **kwargs):
+            calls[_name] += 1
+            return _f(*args, **kwargs)
+        monkeypatch.setattr(respec_anatomy, name, counted)
+    state = SessionState()
+    for key in ("respec", "eagle", "vanilla"):          # fresh result objects: nothing computed for them yet
+        state.put(key, Run(result=dataclasses.replace(runs[key].result), decoder=runs[key].decoder))
+    updates.full_update(state, show_rejected=False, teaching=True)
+    assert calls == {"acceptance_by_depth": 3, "totals_of": 3, "anatomy": 3}, \
+        f"One update computes each of the 3 runs' anatomy once, got {dict(calls)}."
+    calls.clear()
+    state.step = 1
+    updates.step_views(state, teaching=True)
+    updates.comparison_update(state)
+    assert not calls["acceptance_by_depth"] and not calls["totals_of"], \
+        f"A result's acceptance and totals are reused by later updates, got {dict(calls)}."
+
+
+def test_without_vanilla_the_anatomy_note_sits_in_the_waterfall_panel(runs):
+    """Compare without vanilla: the chart's note names the waterfall's axes, and a trace keeps those
+    axes alive (plotly.js drops axes no trace uses; a note naming one fell back to the first panel's
+    data coordinates and stretched its depth axis to -2). The depth axis spans the depths drawn."""
+    from app.views import anatomy_view
+    pair = [("ReSpec", runs["respec"].result), ("EAGLE-2", runs["eagle"].result)]
+    fig = anatomy_view.anatomy_figure(pair, None)
+    notes = [a for a in fig.layout.annotations if "also run vanilla" in (a.text or "")]
+    assert len(notes) == 1 and (notes[0].xref, notes[0].yref) == ("x2 domain", "y2 domain"), notes
+    assert any((t.xaxis, t.yaxis) == ("x2", "y2") for t in fig.data), "A trace must keep the waterfall's axes."
+    deepest = max(len(anatomy_view.depth_metrics(r)["accept_at_depth"]) for _, r in pair)
+    lo, hi = fig.layout.xaxis.range
+    assert (lo, hi) == (0.5, deepest + 0.5) and lo > -2, "The depth axis keeps the depths drawn."
+    with_vanilla = anatomy_view.anatomy_figure(pair + [("vanilla", runs["vanilla"].result)], runs["vanilla"].result)
+    assert not any("also run vanilla" in (a.text or "") for a in with_vanilla.layout.annotations)
+    assert sum(t.type == "waterfall" and t.xaxis == "x2" for t in with_vanilla.data) == 2
+
+
 # ------------------------------------------------------------------------------- step explorer
 def test_candidates_decision_and_narration_show_respec_records(runs):
     run = runs["respec"]

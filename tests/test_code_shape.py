@@ -218,3 +218,19 @@ def test_no_probe_of_speed_attributes_outside_accel():
                     and node.args[1].value in SPEED_ATTRS):
                 probes.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.func.id}(..., {node.args[1].value!r})")
     assert probes == [], probes
+
+
+def test_app_never_calls_into_the_engine():
+    """app/ runs a method through `Runner.stream` (a RunStream: steps, partial(), result), never the
+    Engine: no import of respec.engine, no runner.engine(), no engine.prefill / engine.assemble."""
+    found = []
+    for path in [p for p in SOURCES if p.is_relative_to(ROOT / "app")]:
+        rel = path.relative_to(ROOT)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("respec.engine"):
+                found.append(f"{rel}:{node.lineno} from {node.module} import ...")
+            elif isinstance(node, ast.Import) and any(a.name.startswith("respec.engine") for a in node.names):
+                found.append(f"{rel}:{node.lineno} import respec.engine")
+            elif isinstance(node, ast.Attribute) and node.attr in ("engine", "prefill", "assemble"):
+                found.append(f"{rel}:{node.lineno} .{node.attr}")
+    assert not found, found

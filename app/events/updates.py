@@ -60,9 +60,10 @@ def comparison_update(state: SessionState) -> dict[str, Any]:
         out["badge"] = "<div class='respec-badge'>Run both methods (or open a pair of traces) to compare outputs.</div>"
         out["diff"] = shown([], False)
     note = "Speedups marked ≈ are estimates: tick “also run vanilla” to measure them." if vanilla is None and runs else ""
-    out["metrics"] = render.metrics_html(runs, vanilla, note)
+    metrics = [render.run_metrics(r, vanilla) for _, r in runs]       # once per run: the table and the chart
+    out["metrics"] = render.metrics_html(runs, vanilla, note, metrics)
     out["metrics_plot"] = figures.metrics_figure(runs)
-    out["anatomy_plot"] = anatomy_view.anatomy_figure(runs, vanilla)
+    out["anatomy_plot"] = anatomy_view.anatomy_figure(runs, vanilla, metrics=metrics)
     return out
 
 

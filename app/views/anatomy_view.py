@@ -4,25 +4,73 @@ draft position, the speedup's anatomy as a waterfall, and this machine's verify-
 Contract: `depth_metrics(result)` and `anatomy_metrics(result, vanilla)` are the JSON blocks of a
 run's metrics (`/compare`, the metrics table); `holds_sentence(result)` says how long each
 source's drafts hold, as a teacher would; `run_depth_line(result)` is the explorer's one line for
-the run on screen; `anatomy_figure(runs, vanilla)` is Compare's three-panel chart (acceptance by
-depth, one line per run; the waterfall from tokens per forward to the measured speedup, with the
-cost model's prediction as a marker; the verify-cost curve recorded in the trace);
-`waterfall_figure(items)` draws the waterfall alone (the Lab's, from bench summary rows).
-Pure functions of finished results; nothing at import.
+the run on screen; `anatomy_figure(runs, vanilla, metrics)` is Compare's three-panel chart
+(acceptance by depth, one line per run; the waterfall from tokens per forward to the measured
+speedup, with the cost model's prediction as a marker; the verify-cost curve recorded in the
+trace), drawn from the runs' metrics when the caller has them; `waterfall_figure(items)` draws the
+waterfall alone (the Lab's, from bench summary rows).
+
+Once per result: a run's acceptance by draft position and its totals (respec/anatomy.py, each a
+walk over every step) are computed once per result object (`depth_table`, `run_totals`) and
+reused by every view of it (the metrics table, the chart, the explorer's line, the narration)
+and by later updates (a slider move recomputes nothing). The memo is bounded (`MEMO_SIZE`
+entries, least recently used out), keyed by the result's identity and step count, and holds only
+weak references to results; what it returns is shared: read it, never change it. Otherwise pure
+functions of results; nothing at import but the empty memo.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+import threading
+import weakref
+from collections import OrderedDict
+from typing import Any, Callable, Mapping, Sequence
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+import respec.anatomy as respec_anatomy      # called through the module: one place to count or stub
 from app.views.plot_style import FONT, empty_figure
 from app.views.text import COLORS
-from respec.anatomy import DRAFT_SOURCES, acceptance_by_depth, anatomy, totals_of
+from respec.anatomy import DRAFT_SOURCES, DepthAcceptance, Totals
 
 SOURCE_NAMES = {"eagle": "EAGLE", "retrieval": "retrieval"}
 MAX_DEPTH = 8        # depths shown (deeper ones are rare and their rates noisy)
+MEMO_SIZE = 64       # (kind, result) entries: a few sessions' runs on screen and their streamed partials
+
+_memo: OrderedDict[tuple[str, int], tuple[Any, int, Any]] = OrderedDict()   # -> (weakref, steps, value)
+_memo_lock = threading.Lock()          # Gradio runs events in threads
+
+
+def _once_per_result(kind: str, result, compute: Callable[[Any], Any]) -> Any:
+    """compute(result), or the value computed earlier for this very object with as many steps
+    (a weak reference tells a live result from a new one reusing a freed one's id)."""
+    key, n = (kind, id(result)), len(result.steps)
+    with _memo_lock:
+        hit = _memo.get(key)
+        if hit is not None and hit[0]() is result and hit[1] == n:
+            _memo.move_to_end(key)
+            return hit[2]
+    value = compute(result)
+    try:
+        ref = weakref.ref(result)
+    except TypeError:                  # an object without weak references: computed, not kept
+        return value
+    with _memo_lock:
+        _memo[key] = (ref, n, value)
+        _memo.move_to_end(key)
+        while len(_memo) > MEMO_SIZE:
+            _memo.popitem(last=False)
+    return value
+
+
+def depth_table(result) -> DepthAcceptance:
+    """The run's acceptance by draft position (respec.anatomy.acceptance_by_depth), once per result."""
+    return _once_per_result("depth", result, lambda r: respec_anatomy.acceptance_by_depth(r.steps))
+
+
+def run_totals(result) -> Totals:
+    """The run's Totals (respec.anatomy.totals_of), once per result."""
+    return _once_per_result("totals", result, respec_anatomy.totals_of)
 
 
 def _r(x: float | None, digits: int = 4) -> float | None:
@@ -32,7 +80,7 @@ def _r(x: float | None, digits: int = 4) -> float | None:
 def depth_metrics(result) -> dict[str, Any]:
     """accept_at_depth[d-1] (accepted / reached draft tokens at depth d), per source, the share of
     drafting steps reaching d, and the accepted tokens a draft holds per source."""
-    t = acceptance_by_depth(result.steps)
+    t = depth_table(result)
     depths = range(1, min(t.depth, MAX_DEPTH) + 1)
     return {"accept_at_depth": [_r(t.rate(d)) for d in depths],
             "accept_at_depth_by_source": {s: [_r(t.rate(d, s)) for d in depths] for s in DRAFT_SOURCES
@@ -45,12 +93,12 @@ def anatomy_metrics(result, vanilla) -> dict[str, Any] | None:
     """The speedup's factors against `vanilla` (None without it)."""
     if vanilla is None or not vanilla.tokens or vanilla.wall_time_s <= 0 or result.wall_time_s <= 0:
         return None
-    return anatomy(totals_of(result), totals_of(vanilla)).to_dict()
+    return respec_anatomy.anatomy(run_totals(result), run_totals(vanilla)).to_dict()
 
 
 def holds_sentence(result) -> str:
     """"EAGLE's drafts hold for 1.40 tokens, retrieval's for 3.10" ("" when nothing was drafted)."""
-    t = acceptance_by_depth(result.steps)
+    t = depth_table(result)
     held = [(SOURCE_NAMES[s], t.hold(s)) for s in DRAFT_SOURCES if t.hold(s) is not None]
     return ", ".join(f"{name}'s drafts hold for {h:.2f} tokens" if i == 0 else f"{name}'s for {h:.2f}"
                      for i, (name, h) in enumerate(held))
@@ -58,7 +106,7 @@ def holds_sentence(result) -> str:
 
 def run_depth_line(result) -> str:
     """One line for the run on screen: acceptance at each draft depth and how long drafts hold."""
-    t = acceptance_by_depth(result.steps)
+    t = depth_table(result)
     if not t.depth:
         return "This run drafted nothing."
     rates = " · ".join(f"{d}: {t.rate(d):.0%}" for d in range(1, min(t.depth, MAX_DEPTH) + 1) if t.rate(d) is not None)
@@ -66,45 +114,61 @@ def run_depth_line(result) -> str:
     return f"Accepted by draft position (this run) — {rates}" + (f"; {hold}." if hold else ".")
 
 
-def anatomy_figure(runs: Sequence[tuple[str, Any]], vanilla=None, height: int = 340):
-    """Compare's chart: acceptance by depth | speedup waterfall | verify-cost curve."""
+def anatomy_figure(runs: Sequence[tuple[str, Any]], vanilla=None, height: int = 340,
+                   metrics: Sequence[Mapping[str, Any]] | None = None):
+    """Compare's chart: acceptance by depth | speedup waterfall | verify-cost curve. `metrics[k]`,
+    when given, is runs[k]'s `render.run_metrics` against `vanilla` (its "accept_at_depth" and
+    "anatomy" are drawn; nothing is computed twice); without it they are computed here."""
 
     if not runs:
         return empty_figure("no runs yet", height)
+    if metrics is None:
+        metrics = [{**depth_metrics(r), "anatomy": anatomy_metrics(r, vanilla)} for _, r in runs]
     fig = make_subplots(rows=1, cols=3, column_widths=[0.36, 0.4, 0.24], horizontal_spacing=0.08,
                         subplot_titles=("accepted by draft position", "speedup = tokens/forward × cost",
                                         "verify cost on this machine"))
     palette = [COLORS["retrieval"], COLORS["eagle"], "#777777", COLORS["relaxed"]]
-    for k, (label, r) in enumerate(runs):
-        m = depth_metrics(r)
+    deepest = 1
+    for k, ((label, r), m) in enumerate(zip(runs, metrics)):
         ys = m["accept_at_depth"]
         if ys:
+            deepest = max(deepest, len(ys))
             fig.add_trace(go.Scatter(x=list(range(1, len(ys) + 1)), y=ys, mode="lines+markers", name=label,
                                      line=dict(color=palette[k % len(palette)]), legendgroup=label), row=1, col=1)
     items = []
-    for label, r in runs:
-        a = anatomy_metrics(r, vanilla) if r is not vanilla else None
+    for (label, r), m in zip(runs, metrics):
+        a = m["anatomy"] if r is not vanilla else None
         if a is not None:
             items.append((label, a["tokens_per_forward"], a["speedup"], a.get("predicted_tokens")))
     if items:
         for trace in waterfall_traces(items):
             fig.add_trace(trace, row=1, col=2)
     else:
-        fig.add_annotation(text="tick “also run vanilla” to measure it", showarrow=False, row=1, col=2,
-                           xref="x2 domain", yref="y2 domain", x=0.5, y=0.5)
+        _note_in_empty_panel(fig, "tick “also run vanilla” to measure it", col=2)
     curve = _curve(runs)
     if curve:
         sizes = sorted(curve)
         fig.add_trace(go.Scatter(x=sizes, y=[curve[n] / curve[sizes[0]] for n in sizes], mode="lines+markers",
                                  name="ms / one-token ms", line=dict(color="#444444"), showlegend=False,
                                  hovertemplate="%{x} tokens: %{y:.2f}× a one-token forward<extra></extra>"), row=1, col=3)
-    fig.update_xaxes(title_text="draft depth", dtick=1, row=1, col=1)
+    fig.update_xaxes(title_text="draft depth", dtick=1, range=[0.5, deepest + 0.5], row=1, col=1)
     fig.update_yaxes(title_text="accepted / reached", range=[0, 1.05], row=1, col=1)
     fig.update_xaxes(title_text="tree tokens", row=1, col=3)
     fig.update_yaxes(title_text="× one token", row=1, col=3)
     fig.update_layout(height=height, font=FONT, template="plotly_white", barmode="group",
                       margin=dict(l=10, r=10, t=48, b=36), legend=dict(orientation="h", y=-0.22, x=0))
     return fig
+
+
+def _note_in_empty_panel(fig, text: str, col: int) -> None:
+    """A note in the middle of column `col`'s panel (row 1), which has no data. plotly.js drops
+    axes no trace uses, and an annotation naming a dropped axis falls back to the first panel's
+    data coordinates (where it also stretched the depth axis to -2): so an empty trace keeps the
+    panel's axes alive, hidden, and the note is placed in their domain."""
+    fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", showlegend=False, hoverinfo="skip"), row=1, col=col)
+    fig.update_xaxes(visible=False, row=1, col=col)
+    fig.update_yaxes(visible=False, row=1, col=col)
+    fig.add_annotation(text=text, showarrow=False, xref=f"x{col} domain", yref=f"y{col} domain", x=0.5, y=0.5)
 
 
 def waterfall_traces(items: Sequence[tuple[str, float, float, float | None]]) -> list:

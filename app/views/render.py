@@ -176,10 +176,11 @@ def _fmt(value: Any, digits: int = 2) -> str:
     return str(value)
 
 
-def metrics_rows(runs: Sequence[tuple[str, GenerationResult]], vanilla: GenerationResult | None = None
-                 ) -> tuple[list[str], list[list[str]]]:
-    """(headers, rows) of the side-by-side metrics table; one column per run."""
-    ms = [run_metrics(r, vanilla) for _, r in runs]
+def metrics_rows(runs: Sequence[tuple[str, GenerationResult]], vanilla: GenerationResult | None = None,
+                 metrics: Sequence[dict[str, Any]] | None = None) -> tuple[list[str], list[list[str]]]:
+    """(headers, rows) of the side-by-side metrics table; one column per run. `metrics[k]`, when
+    given, is runs[k]'s `run_metrics` against `vanilla` (computed by the caller, once per update)."""
+    ms = list(metrics) if metrics is not None else [run_metrics(r, vanilla) for _, r in runs]
     headers = ["metric"] + [label for label, _ in runs]
 
     def speed(m):
@@ -215,11 +216,12 @@ def metrics_rows(runs: Sequence[tuple[str, GenerationResult]], vanilla: Generati
 
 
 def metrics_html(runs: Sequence[tuple[str, GenerationResult]], vanilla: GenerationResult | None = None,
-                 note: str = "") -> str:
-    """The metrics table as HTML; hovering a metric name shows its definition."""
+                 note: str = "", metrics: Sequence[dict[str, Any]] | None = None) -> str:
+    """The metrics table as HTML; hovering a metric name shows its definition. `metrics` as in
+    `metrics_rows`."""
     if not runs:
         return "<div class='respec-metrics'><em>No run yet.</em></div>"
-    headers, rows = metrics_rows(runs, vanilla)
+    headers, rows = metrics_rows(runs, vanilla, metrics)
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
     body = []
     for row in rows:
