@@ -140,7 +140,7 @@ def layer_rate_bound(probs: Sequence[float], frontier: Sequence[float], verify_m
     T(k), the sum of the k largest `frontier` probabilities (calibrated); n nodes over l layers
     at most l·T(n/l) (T concave, interpolated). A chain whose first token is unsure and the rest
     near-certain (a word's sub-tokens) adds T(1) per layer: one layer's look-ahead would undervalue
-    it. (Until session 33 every new layer was valued at the whole frontier's mass, as if a few
+    it. (Until commit 6e56d99 of 2026-12-06 every new layer was valued at the whole frontier's mass, as if a few
     slots could verify it all: on a compiled CPU forward, where a layer costs a fifth of a step,
     trees grew 2-4 layers to keep one node.)"""
     import numpy as np
@@ -247,7 +247,7 @@ class CostModel:
         shift them alike: on the compiled default model over a ~1,500-token summarization
         prompt, one-token steps ran ~3 ms above the curve and few-node trees ~9 ms, and one
         shared median (mostly trees while the head drafted) priced plain steps at the trees'
-        shift, so drafts that lost to plain steps looked as if they paid (session 21)."""
+        shift, so drafts that lost to plain steps looked as if they paid (commit 8a382c3 of 2026-12-03)."""
         window = self._residuals[kind] or self._residuals["tree" if kind == "one" else "one"]
         if not window:
             return 0.0
@@ -292,7 +292,7 @@ class CostModel:
         request's context: after FIRST_PLAIN trees in a row with no one-token step timed yet, or
         PLAIN_EVERY since the last. Without it a head that drafts at every step has plain steps
         priced at the trees' shift, dearer over a long prompt than they are: on the compiled
-        float32 default model (summarization, 2-core AMD EPYC Zen 4, session 38) EAGLE-2's plans
+        float32 default model (summarization, 2-core AMD EPYC Zen 4, commit 2d499a9 of 2026-12-06) EAGLE-2's plans
         predicted 98.9 tokens in 1,825 ms, which paid against plain steps so priced, and ran at
         0.93x vanilla, whose one-token steps took ~17.4 ms."""
         return self._trees_in_a_row >= (PLAIN_EVERY if self._residuals["one"] else FIRST_PLAIN)

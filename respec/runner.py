@@ -276,7 +276,7 @@ def _yield_while_locked(lock, pause: Callable[[], None]):
     GIL, until the model is idle). Without it the compile, pure Python for minutes, holds the GIL:
     beside it the app's respec answered at 0.7 tok/s, and beside a spinning pure-Python thread an
     eager one-token forward of the default model took 6,054 ms instead of 36.9 ms (2-core Intel
-    Xeon, session 22, throwaway scripts; BENCHMARKS.md). With it the compile takes longer (a
+    Xeon, commit f9a8ce1 of 2026-12-03, throwaway scripts; BENCHMARKS.md). With it the compile takes longer (a
     trivial trace function cost the tiny model's compile 60%)."""
     locked = lock.locked
 

@@ -164,7 +164,7 @@ def test_a_one_token_step_run_as_two_rows_equals_the_one_row_graph(pair):
 def test_the_compiled_cost_curve_is_measured_at_3_rows_past_the_static_two_row_graph(pair, monkeypatch):
     """With the static two-row graph (compiled.one_row_options: the CPU), 3 rows are the symbolic
     graph's first size, so the curve measures them instead of interpolating between 2 and 4 (which
-    priced them ~3 ms low on a bf16 CPU without AMX, session 34); an eager curve does not."""
+    priced them ~3 ms low on a bf16 CPU without AMX, commit 538c1f4 of 2026-12-06); an eager curve does not."""
     eager, compiled = pair
     monkeypatch.setattr(compiled, "_buckets", ())          # no bucket edge: the two-row graph's alone
     monkeypatch.setattr(compiled, "_cost_curves", {})
@@ -245,7 +245,7 @@ def test_choose_buckets_keeps_a_bucket_only_where_padding_beats_the_symbolic_gra
 
 def test_choose_eager_from_sends_larger_trees_eagerly_only_where_eager_is_clearly_faster(monkeypatch):
     """Pure, on given times: judged once, at the symbolic graph's fewest rows; eager must take
-    under EAGER_MARGIN of the symbolic graph's ms (session 41: 1,171 ms compiled against ~150 eager
+    under EAGER_MARGIN of the symbolic graph's ms (commit 671c23f of 2026-12-07: 1,171 ms compiled against ~150 eager
     at 9 rows, bf16 without bf16 instructions). RESPEC_EAGER_FROM forces it either way."""
     from respec.accel.graph_choice import EAGER_MARGIN, choose_eager_from, forced_eager_from
     asked = []

@@ -227,7 +227,7 @@ def test_a_head_that_predicts_well_passes_its_probe_and_drafts():
 
 def test_a_first_probe_refused_on_the_prompt_waits_for_the_answer_without_a_miss():
     """A request's first probe is judged on its prompt, which a head trained on answers predicts
-    worse (session 32: 0.16 against 0.36 of rows): refused with some matches, the head sits out
+    worse (commit 63792de of 2026-12-05: 0.16 against 0.36 of rows): refused with some matches, the head sits out
     PROBE_ROWS steps with its carried misses untouched, so the next probe judges the answer's own
     rows; then it backs off as before. A head matching nothing backs off at once."""
     from respec.drafters.eagle2 import PROBE_ROWS
@@ -415,7 +415,7 @@ def test_the_depth_cut_bound_holds_for_any_next_layers_and_values_a_wide_frontie
     """`layer_rate_bound` stays an upper bound of every tree that keeps nodes of the next layers
     (random trees whose children share at most their parent's probability), yet a frontier's mass
     spread over many nodes is worth only the slots it can fill: where three tokens cost 1.36
-    steps (a compiled 2-core CPU forward, session 32), a 0.37 node with nine small siblings does
+    steps (a compiled 2-core CPU forward, commit 63792de of 2026-12-05), a 0.37 node with nine small siblings does
     not grow a last layer, which it did when each layer was valued at the whole frontier's mass."""
     from respec.cost import layer_rate_bound
     rng = random.Random(0)
@@ -532,7 +532,7 @@ def test_a_draft_is_judged_at_its_own_drafting_time_not_the_median_its_plan_char
     """A plan charges the request's median drafting time (its record); whether the draft paid is
     judged at the step's own, which is sunk and known: on a compiled CPU forward depth-3 trees
     took ~8 ms against a ~5.5 ms median, and heads whose steps ran slower than plain ones drafted
-    on (session 34)."""
+    on (commit 538c1f4 of 2026-12-06)."""
     target = make_target("llama", seed=0)
     good = DraftTree.from_parents([5, 6], [-1, 0], "eagle", scores=[0.0, math.log(0.5)])
 
@@ -591,7 +591,7 @@ def test_a_draft_far_below_a_plain_step_counts_twice_and_a_long_catch_up_is_not_
 
 def test_the_depth_cut_times_a_drafts_start_and_each_layer_on_the_wall_from_question_to_question():
     """A layer's cost is everything between two of the depth cut's questions (the head's call,
-    the search's top-k and read-back, the rule itself: session 33 timed the head's call alone,
+    the search's top-k and read-back, the rule itself: commit 6e56d99 of 2026-12-06 timed the head's call alone,
     3.4 of ~5 ms on a compiled CPU); the first question times a draft's start (a step's catch-up
     and the root's logits, what a one-token draft costs), except after a long feed."""
     from respec.config import TreeConfig

@@ -59,7 +59,7 @@ def test_machine_limits_are_measured_positive_numbers():
 
 
 def test_the_bound_takes_float32_throughput_where_the_dtypes_own_matmul_is_slower():
-    """bf16 on a CPU without bf16 instructions (session 41: 0.3 GFLOP/s, a one-token bound of 940
+    """bf16 on a CPU without bf16 instructions (commit 671c23f of 2026-12-07: 0.3 GFLOP/s, a one-token bound of 940
     ms against a 20 ms forward): the arithmetic could run in float32, so the bound uses the faster
     of the two; the dtype's own rate is kept beside it. Which is faster is this machine's business."""
     lim = measure_machine("cpu", torch.bfloat16, copy_mib=8, matmul_n=128, rounds=2)

@@ -147,7 +147,7 @@ def test_the_stopwatch_records_on_every_gpu_and_never_waits(monkeypatch):
 def test_the_engine_times_on_every_device_holding_weights(monkeypatch):
     """The engine's verify timer covers every GPU holding the target's weights (not only the
     embedding's). (EAGLE's depth cut times its layers on the wall clock after each read-back,
-    which waits for every device: no device timer of its own since session 33.)"""
+    which waits for every device: no device timer of its own since commit 6e56d99 of 2026-12-06.)"""
     import respec.engine as engine_mod
     seen = []
 

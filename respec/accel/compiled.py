@@ -14,7 +14,7 @@ Contract:
   serves larger ones, unless the eager forward runs them faster on this machine
   (graph_choice.py `choose_eager_from`: then trees past the buckets run eagerly, output layer
   included; bf16 on a CPU without bf16 instructions, where the symbolic graph took 1.2 s for 9
-  rows against ~0.15 s eager, session 41). All are compiled with dynamic shapes from the start (`dynamic=True`; a
+  rows against ~0.15 s eager, commit 671c23f of 2026-12-07). All are compiled with dynamic shapes from the start (`dynamic=True`; a
   one-row dimension stays specialised), so each graph compiles once for any tree size, context
   length and cache capacity. Left to dynamo's automatic dynamic shapes, every new size
   recompiled the 30-layer graph once more, and a first answer on the default model stalled three
@@ -29,14 +29,14 @@ Contract:
   model the layer is 0.6 ms against 1.9 ms eager for one row (the 49k-row layer is a fifth of the
   model's weight bytes), and the numbers of 16 rows 0.5 ms against ~2 ms eager. The lm_head alone
   at 2 / 3 / 4 rows: 1.0 / 1.45 / 1.5 ms static and autotuned against 1.8 / 2.4 / 2.1 ms with
-  symbolic rows, and 3.2 against 3.0 at 8 (bf16, 2-core AMD EPYC Zen 4, session 36, a throwaway
+  symbolic rows, and 3.2 against 3.0 at 8 (bf16, 2-core AMD EPYC Zen 4, commit 1afb074 of 2026-12-06, a throwaway
   benchmark of that shape).
 - float32 on a CPU with MKL (`one_row_as_two`): one-row calls of both run as two rows and drop
   the second (a one-token step as a two-token chain, its extra cache row cropped), because a
   static one-row float32 linear is packed for MKL and a symbolic-row one for oneDNN: one token
-  21.6 ms against 35.5 ms on the default model (2-core AMD EPYC, session 21). Only without the
+  21.6 ms against 35.5 ms on the default model (2-core AMD EPYC, commit 8a382c3 of 2026-12-03). Only without the
   small-row autotune (`RESPEC_ONE_ROW_AUTOTUNE=0`): with it the C++ template serves float32 one-row
-  linears, and the unpadded one-token forward took 21.6 ms against 32.4 padded (session 24).
+  linears, and the unpadded one-token forward took 21.6 ms against 32.4 padded (commit bab8539 of 2026-12-04).
 - All are `Trusted`: once warmed up, a call evaluates only the guards that tell its graphs apart
   (a saving of about 1 ms per one-token step on the default model); warm-ups check every guard.
 - An EAGLE-3 drafter asks for layer inputs (`HFTarget.use_features`); the compiled steps then
@@ -47,7 +47,7 @@ Contract:
   (mkldnn) tensors, which inductor's FX graph cache cannot pickle ("mkldnn tensors unpickleable",
   so every graph bypasses it) and AOTAutograd's cache refuses frozen graphs (torch 2.13); a
   second process compiled for 472 s against 467 s for the first (2-core Intel Xeon with AMX,
-  session 22). The app therefore compiles in the background while it serves eagerly
+  commit f9a8ce1 of 2026-12-03). The app therefore compiles in the background while it serves eagerly
   (respec/runner.py `Runner.compile_later`, on a twin target: `HFTarget.twin`).
 - `warm_up(target)` pays those compiles at load: one-token, chain and branching-tree forwards
   (a tree mask is another graph than a chain's causal mask) after a short prefill, then again
@@ -58,17 +58,17 @@ Contract:
   differently in bf16 (greedy outputs stay equal to compiled vanilla under the engine's tie rule);
   in float32 they agree to float rounding.
 Measured on the default model (bf16, `scripts/verify_cost.py --context 256 --reps 5 --compile
-both`, BENCHMARKS.md): 2-core AMD EPYC Zen 5 (session 21, before the small-row autotune): one token
+both`, BENCHMARKS.md): 2-core AMD EPYC Zen 5 (commit 8a382c3 of 2026-12-03, before the small-row autotune): one token
 12.3 ms compiled against 23.8 ms eager, 16 tokens 17.4 against 34.0, warm-up 7.5 minutes; 2-core
-Intel Xeon with AMX (session 22): 20.2 against 37.4, 16 tokens 24.3 against 43.2; 2-core AMD EPYC
-Zen 4 (session 24, with the small-row autotune): one token 14.1 against 39.7, 16 tokens 36.9
+Intel Xeon with AMX (commit f9a8ce1 of 2026-12-03): 20.2 against 37.4, 16 tokens 24.3 against 43.2; 2-core AMD EPYC
+Zen 4 (commit bab8539 of 2026-12-04, with the small-row autotune): one token 14.1 against 39.7, 16 tokens 36.9
 against 63.9 (warm-up 9.6 minutes), and with the two-row graphs two tokens 19.2 against 37.6
 where the run before gave 25.2 against 42.6 (warm-up 14 minutes); 2-core Intel Xeon with AMX
-(session 26, with the 16-row bucket): one token 14.7 against 36.4, 16 tokens 19.4 against 42.9
-(24.1 without the bucket in the run before), warm-up 8.3 minutes; the Zen 4 again (session 34): one
+(commit 1453e21 of 2026-12-04, with the 16-row bucket): one token 14.7 against 36.4, 16 tokens 19.4 against 42.9
+(24.1 without the bucket in the run before), warm-up 8.3 minutes; the Zen 4 again (commit 538c1f4 of 2026-12-06): one
 token 13.1 against 36.5, 16 tokens 27.4 against 57.6, warm-up 12.4 minutes; there with the 4-row
-bucket (session 36, compiled only): one token 14.1, 4 tokens 16.6 (1.17x one token, against 1.39x
-in session 34), 5 tokens 21.1, warm-up 10.9 minutes. Nothing is compiled at import.
+bucket (commit 1afb074 of 2026-12-06, compiled only): one token 14.1, 4 tokens 16.6 (1.17x one token, against 1.39x
+in commit 538c1f4 of 2026-12-06), 5 tokens 21.1, warm-up 10.9 minutes. Nothing is compiled at import.
 """
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ def compile_base_settings(device: torch.device) -> None:
         # linears reading one input (q, k, v; gate and up) run as one packed linear, and the graph's
         # kernels are called from C++ instead of a Python wrapper: on the default model (bf16, one
         # token) 13.1 ms against 14.6 without either, 16 tokens 19.0 against 20.4, for compiles
-        # ~25% longer (`HFTarget.verify_cost_curve(context=256)`, one process per variant, session 21)
+        # ~25% longer (`HFTarget.verify_cost_curve(context=256)`, one process per variant, commit 8a382c3 of 2026-12-03)
         inductor_config.cpp.enable_concat_linear = True
         inductor_config.cpp_wrapper = True
 
@@ -140,7 +140,7 @@ def one_row_options(device: torch.device) -> dict | None:
     one row the C++ template (a vectorised micro-GEMM streaming the weight) beat the prepacked
     oneDNN linear on every linear of the default model in bf16 (q/k/v 0.015 against 0.083 ms,
     gate/up 0.042 against 0.064, lm_head 1.09 against 2.37; inductor's autotune log, 2-core AMD
-    EPYC Zen 4, session 24), and at a static two rows the default model's 121 linears took 5.6-6.6
+    EPYC Zen 4, commit bab8539 of 2026-12-04), and at a static two rows the default model's 121 linears took 5.6-6.6
     ms against oneDNN's 15.4 (a throwaway benchmark of the same shapes over distinct weights),
     while at 8 rows oneDNN won (q/k/v 0.050 against 0.158). Trees of 3 rows and more keep oneDNN
     in one graph with a symbolic row count: autotuning that graph times the linears at the row
@@ -164,12 +164,12 @@ def one_row_as_two(device: torch.device, dtype: torch.dtype) -> bool:
     build with MKL. Under freezing, inductor packs a float32 linear whose row count is a static 1
     for MKL's packed sgemm and one whose row count is symbolic for oneDNN; on the 2-core AMD EPYC
     the one-token float32 forward took 35.5 ms the first way against 22.7 ms for a two-token
-    forward (session 21, `HFTarget.verify_cost_curve(context=256)` after `enable_compile`, a
+    forward (commit 8a382c3 of 2026-12-03, `HFTarget.verify_cost_curve(context=256)` after `enable_compile`, a
     throwaway script). bf16 and fp16 linears always go to oneDNN. Only without the one-row autotune
     (`one_row_options` None): with it the C++ template serves float32 one-row linears (q/k/v 0.026
     against MKL's 0.110 ms), and the unpadded one-token forward took 21.6 ms against 32.4 padded
     (best of 200 interleaved steps at context 256, two twins in one process, 2-core AMD EPYC Zen 4,
-    session 24)."""
+    commit bab8539 of 2026-12-04)."""
     return (torch.device(device).type == "cpu" and dtype == torch.float32 and bool(torch._C.has_mkl)
             and one_row_options(device) is None)
 
@@ -193,22 +193,22 @@ def tree_buckets(device: torch.device, dtype: torch.dtype) -> tuple[int, ...]:
     - On a CPU whose oneDNN may use AMX, in bfloat16: (16,). There inductor's AMX micro-GEMM
       template beats the prepacked oneDNN linear at a handful of rows, and a static 16-row graph's
       linears cost about what a static 2-row one's do (a throwaway benchmark of the default model's
-      210 linears, 30 layers over distinct weights, 2-core Intel Xeon with AMX, session 26: 9.6 ms
+      210 linears, 30 layers over distinct weights, 2-core Intel Xeon with AMX, commit 1453e21 of 2026-12-04: 9.6 ms
       static at 4 or 16 rows against 13.5 ms symbolic at 4 rows and 14.2 at 16; 8.6 static at 2
       rows), so padding a 4-token tree to 16 rows still saves ~4 ms.
     - bfloat16 on any other CPU with a bf16 oneDNN path: BF16_BUCKETS, (4,). Without AMX the
       template's micro-GEMM wins at 2-4 rows only: the same 210 linears (2-core AMD EPYC Zen 4,
-      AVX512-BF16, session 36) took 6.9 / 7.2 / 7.5 ms static and autotuned at 2 / 3 / 4 rows
+      AVX512-BF16, commit 1afb074 of 2026-12-06) took 6.9 / 7.2 / 7.5 ms static and autotuned at 2 / 3 / 4 rows
       against 13.0 / 12.5 / 10.7 ms symbolic, but 10.1 / 10.3 / 12.5 / 15.7 at 5 / 6 / 8 / 16
-      rows against 9.8 / 10.0 / 12.0 / 17.0. (Session 24/25 had found no gain at 3-8 rows.)
+      rows against 9.8 / 10.0 / 12.0 / 17.0. (Commits bab8539 and d9c4d47 of 2026-12-04 had found no gain at 3-8 rows.)
       `ONEDNN_MAX_CPU_ISA` below AMX (e.g. AVX512_CORE) stands in for such a CPU.
     - float32 on the CPU: FLOAT32_BUCKETS. On a 2-core AMD EPYC Zen 3 (AVX2) the same 210 float32
       linears took 13.4 / 13.6 / 19.8 ms static and autotuned at 3 / 4 / 8 rows against 20.6 /
       21.9 / 26.3 ms symbolic (oneDNN), and the whole 3-token forward 30.2 ms against 20.2 for
-      the static 2-token one (session 29, throwaway scripts).
+      the static 2-token one (commit 3439365 of 2026-12-05, throwaway scripts).
     - bfloat16 on a CPU whose oneDNN has no bf16 path (`onednn_has_bf16`: no AVX-512, e.g. AVX2
       only): FLOAT32_BUCKETS too. There the symbolic-row graph's bf16 linears crawl: on the
-      default model (2-core AMD EPYC Zen 3, session 30, `scripts/verify_cost.py --dtype bfloat16
+      default model (2-core AMD EPYC Zen 3, commit 5765a04 of 2026-12-05, `scripts/verify_cost.py --dtype bfloat16
       --compile both`) 4 tokens took 516 ms compiled against 74.8 ms eager, while the static,
       autotuned 2-token graph took 17.5 ms (its C++ micro-GEMM widens bf16 to float32 in registers).
     Defaults are checked on the machine at warm-up (`choose_buckets`): a bucket whose padded
@@ -271,7 +271,7 @@ def bucket_edges(buckets: tuple[int, ...], two_rows: bool = False) -> tuple[int,
     like 4 and 5 like 8 (with (4, 8): 3, 4, 5, 8, 9). With `two_rows` (compile_base's static
     two-row graph, `one_row_options`), 3 rows too even without buckets: the symbolic graph's
     first size, which interpolated between 2 and 4 looked ~3 ms cheaper than it runs (2-core AMD
-    EPYC Zen 4, bf16, session 34: 2 rows 12.4 ms, 3 rows 17.5, priced 14.9). Empty: none."""
+    EPYC Zen 4, bf16, commit 538c1f4 of 2026-12-06: 2 rows 12.4 ms, 3 rows 17.5, priced 14.9). Empty: none."""
     edges = {3} if two_rows else set()
     if buckets:
         edges |= {n for span in bucket_spans(buckets) for n in span} | {buckets[-1] + 1}

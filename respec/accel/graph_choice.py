@@ -19,7 +19,7 @@ from respec.models.timing import fastest_of_rounds  # noqa: F401 (the checks' ti
 
 # a bucket is kept where, at the fewest rows it serves (its worst case), its padded graph takes under
 # 95% of the symbolic one's time (the fastest of 5 interleaved rounds each). At 0.9 the default
-# model's 8-row graph was dropped on a 2-core AMD EPYC Zen 3 (float32, session 29) at 34.4 ms for 5
+# model's 8-row graph was dropped on a 2-core AMD EPYC Zen 3 (float32, commit 3439365 of 2026-12-05) at 34.4 ms for 5
 # rows padded against 37.5 unpadded (0.92), though padded it cost 34.4 ms at 8 rows against 44.0
 BUCKET_MARGIN = 0.95
 
@@ -55,8 +55,8 @@ def choose_eager_from(first_rows: int, time_pair: Callable[[int], tuple[float, f
     symbolic-row graph (None: never), and what decided it: (rows, symbolic ms, eager ms).
     `time_pair(rows)` times a tree forward of `rows` rows both ways; it is judged at `first_rows`,
     the fewest rows the symbolic graph serves (one more than the largest bucket). One size decides
-    all: where the symbolic graph loses (bf16 GEMMs without bf16 instructions, session 41) it lost
-    by the same ~9x at 9 to 64 rows; where it wins it won at every size measured (sessions 17-40).
+    all: where the symbolic graph loses (bf16 GEMMs without bf16 instructions, commit 671c23f of 2026-12-07) it lost
+    by the same ~9x at 9 to 64 rows; where it wins it won at every size measured (commits f69a29f (2026-12-03) to dca698b (2026-12-06)).
     Pure given `time_pair` (tests pass given times)."""
     symbolic, eager = time_pair(first_rows)
     return (first_rows if eager < margin * symbolic else None), (first_rows, symbolic, eager)

@@ -11,11 +11,11 @@ Contract:
   tree layer of the default top_k 4), with or without a mask, go to graphs of their own whose
   rows are static and whose linears are autotuned like the target's small-row graphs (inductor's
   C++ micro-GEMM against oneDNN, each linear timed at compile time): on the default model (bf16,
-  2-core AMD EPYC Zen 4, session 35, a throwaway script over a 200-row cache) a head call of 1-4
+  2-core AMD EPYC Zen 4, commit 596dea9 of 2026-12-06, a throwaway script over a 200-row cache) a head call of 1-4
   rows took 0.50-0.70 ms against 1.16-1.28 ms in the symbolic-row graph, for a warm-up of 119 s
   against 33 s. Larger calls keep the symbolic-row graph, unless eager calls measured clearly
   faster at the end of the warm-up (`choose_eager`, graph_choice.choose_eager_from): bf16 on a CPU
-  without bf16 instructions, where 17 rows took 82.6 ms compiled against 18.4 eager (session 41);
+  without bf16 instructions, where 17 rows took 82.6 ms compiled against 18.4 eager (commit 671c23f of 2026-12-07);
   then calls of SMALL_ROWS + 1 rows and more, and their draft logits, run eagerly.
 - `CompiledHead.forward` serves calls over a cache that already holds rows; over an empty cache
   (the head's first catch-up of a prompt, the probe's scratch window) the first row runs eagerly,
@@ -41,12 +41,12 @@ Contract:
   measured counts go eager only where both agree (none above the largest; never on a GPU). On a
   2-core AMD EPYC Zen 3 (float32, 8,192 x 576 rows) the compiled layer took 1.33 ms at one row
   and 2.6 ms at 2-4 rows against 0.69 ms eager and 0.67-0.79 ms as W @ x^T (a throwaway
-  benchmark, session 28): a tree layer of four rows cost ~6 ms of drafting where its 4 rows'
+  benchmark, commit 718dcf0 of 2026-12-05): a tree layer of four rows cost ~6 ms of drafting where its 4 rows'
   logits alone cost 4 ms, next to a ~19 ms compiled target step. A fourth way, offered for
   float32 weights up to PRETRANSPOSED_MAX_BYTES, multiplies by a contiguous copy of W^T ([H, V],
   kept only if some row count takes it): the same CPU, one row, caches flushed first as a
   target step flushes them, 0.97 ms against 1.7-2.5 ms for the other three (a GEMV over W's rows
-  does not stream; session 33, throwaway script). bf16 would halve the bytes (0.74 ms), but
+  does not stream; commit 6e56d99 of 2026-12-06, throwaway script). bf16 would halve the bytes (0.74 ms), but
   rounds the drafts' logits; float32 keeps every way equal to rounding.
 - Why: on the CPU an eager head call is mostly dispatch. On the default model one head layer plus
   its 8,192-row draft output layer moves ~18 MB (~0.5 ms at the machine's bandwidth) but took
@@ -146,7 +146,7 @@ class CompiledHead:
             if mask is not None or emb.shape[0] == 1:
                 return self.head.eager_forward(emb, feat, positions, cache, mask)
             # a causal feed over an empty cache: its first row eagerly (the cache's buffers are made
-            # there), the rest through the graph (a 250-row prompt: 22.5 ms eager, session 28)
+            # there), the rest through the graph (a 250-row prompt: 22.5 ms eager, commit 718dcf0 of 2026-12-05)
             first = self.head.eager_forward(emb[:1], feat[:1], positions[:1], cache, None)         # [1, H]
             return torch.cat([first, self.forward(emb[1:], feat[1:], positions[1:], cache, None)])  # [q, H]
         reserve(cache, int(emb.shape[0]))
@@ -223,7 +223,7 @@ class CompiledHead:
         else 2) after `context` cached rows, with its draft logits, compiled and eagerly (the fastest
         of `rounds` after one untimed call each), and set `eager_from` (graph_choice.choose_eager_from;
         RESPEC_EAGER_FROM forces it as for the target). bf16 on a CPU without bf16 instructions
-        (session 41): 17 rows took 82.6 ms compiled against 18.4 eager."""
+        (commit 671c23f of 2026-12-07): 17 rows took 82.6 ms compiled against 18.4 eager."""
 
         forced = forced_eager_from()
         if forced != "":

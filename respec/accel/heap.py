@@ -13,9 +13,9 @@ Refcounting frees frozen objects as usual; only cyclic garbage among them waits 
 Why: a full (generation-2) pass traverses every tracked object and runs whenever enough young
 objects have survived, so it lands inside some request at random. The default model loaded eagerly
 with its head holds ~370k tracked objects (a full pass 181 ms); compiling the head alone takes it to
-~681k (454 ms), and a compiled target holds more (2-core AMD EPYC Zen 4, session 36, a throwaway
+~681k (454 ms), and a compiled target holds more (2-core AMD EPYC Zen 4, commit 1afb074 of 2026-12-06, a throwaway
 census). In a compiled bench one respec request's prefill took 2,082 ms against 757-849 ms in every
-other run of that question (`bench-out/s36-compiled`, q481), and the eager bench logged full passes
+other run of that question (`bench-out/2026-12-06-1afb074-compiled`, q481), and the eager bench logged full passes
 of up to 215 ms. Nothing happens at import.
 """
 from __future__ import annotations

@@ -5,7 +5,7 @@ Contract:
   the BLAS matters on some CPUs: on a 2-core AMD EPYC Zen 3 (AVX2, no AVX-512; float32 through
   MKL) the default model's 210 decoder linears (30 layers, distinct weights) took 45 ms at 2 rows
   as `F.linear` and 21 ms as W @ x^T ([n, k] @ [k, m], transposed back), 65 against 41 ms at 16
-  rows, the same at one row (one GEMV either way; a throwaway benchmark, session 27). A verify of
+  rows, the same at one row (one GEMV either way; a throwaway benchmark, commit 1454bb1 of 2026-12-05). A verify of
   two tokens then cost 1.67x a one-token step, and no EAGLE draft paid.
 - `measure_layouts(model)` times both ways, for each distinct weight shape among the model's
   `nn.Linear` modules, over every module of that shape (their distinct weights, as a forward reads
@@ -18,7 +18,7 @@ Contract:
 - One row: a GEMV, which some BLAS builds run far below the machine's bandwidth (MKL's float32
   sgemv on a 2-core AMD EPYC Zen 4: the default model's one-token step took 46.5 ms, against 32.8
   ms with every linear run as `padded_linear`, the row twice through the two-column GEMM, the
-  second column dropped; session 38). `measure_layouts` also times that per shape and plans it
+  second column dropped; commit 2d499a9 of 2026-12-06). `measure_layouts` also times that per shape and plans it
   (`LinearLayouts.one_row`) under the same MARGIN; in bf16 on that CPU it lost and nothing changed.
 - `LinearLayouts.active(rows)`: a context under which `F.linear` calls whose weight shape is
   planned up to at least `rows` rows run as mm(W, x^T)^T (+ bias), or at one row as
@@ -28,8 +28,8 @@ Contract:
 - An eager EAGLE head gets a plan of its own (`linear_layouts(head, extra=(draft output layer,))`,
   entered per call through `LinearLayouts.per_call`: its calls mix row counts). On the 2-core AMD
   EPYC Zen 4 in float32, a head call plus its 8,192-row draft output layer took 2.2 / 2.4 / 2.8 ms
-  at 1 / 2 / 4 rows with every head linear swapped against 3.8 / 7.0 / 5.5 ms plain (session 38,
-  a throwaway script). (On a Zen 3, session 27, whole drafts had timed too unsteadily to plan.)
+  at 1 / 2 / 4 rows with every head linear swapped against 3.8 / 7.0 / 5.5 ms plain (commit 2d499a9 of 2026-12-06,
+  a throwaway script). (On a Zen 3, commit 1454bb1 of 2026-12-05, whole drafts had timed too unsteadily to plan.)
 - `linear_layouts(model)` reads RESPEC_LINEAR_LAYOUT: `auto` (the default: measure), `off` (an
   empty plan) or `transposed` (every shape up to ROWS' largest, one row padded: tests and A/B runs).
 The two ways agree to the dtype's rounding (a different summation order), as GEMV and GEMM

@@ -74,7 +74,7 @@ def eagle_node_probs(tree: DraftTree, kappa: float) -> list[float]:
 PROBE_ROWS = 16    # catch-up rows whose head predictions are checked against the committed text
 MAX_SKIP = 64      # longest stretch of steps the head sits out before the next probe
 SCRATCH_WINDOW = 64  # a probe over a queue of over SCRATCH_QUEUE rows checks the head on this many last
-SCRATCH_QUEUE = 1024  # positions first (shorter feeds, keys-only, cost about what that check does: session 32)
+SCRATCH_QUEUE = 1024  # positions first (shorter feeds, keys-only, cost about what that check does: commit 63792de of 2026-12-05)
 EARN_DECAY = 0.97   # per drafting step: the head's earnings are judged over its last ~30 drafts
 FAR_SHORT = 0.75   # a draft below this rate vs plain steps backs the head off twice as fast
 DEPTH_SOURCE = "eagle layer"   # the cost model's record of one tree layer's drafting time (wall, ask to ask)
@@ -111,9 +111,9 @@ class Eagle2Drafter:
     request starts with a probe (a random head never drafts; a new kind of prompt is judged at
     once); a head the runner's last request left off (`backoff`, respec/memory.py) goes on from its
     misses; refused on the prompt's rows (a head trained on answers matches 0.16 of them, 0.36 of
-    answers: session 32) with some matches, it waits PROBE_ROWS steps, no miss, to judge the
+    answers: commit 63792de of 2026-12-05) with some matches, it waits PROBE_ROWS steps, no miss, to judge the
     answer's. A draft is not charged the feeding of a queue longer than one step commits (paid once
-    whatever is drafted; session 25: 22.9 ms of a 12 ms step); over a queue of more than
+    whatever is drafted; commit d9c4d47 of 2026-12-04: 22.9 ms of a 12 ms step); over a queue of more than
     SCRATCH_QUEUE rows the probe first runs the head on the last SCRATCH_WINDOW positions in a
     throwaway cache: a head matching none stays off with the queue unfed, any other is fed the
     whole queue and judged in full context.
@@ -326,7 +326,7 @@ class Eagle2Drafter:
         layer's to no more; k of them to no more than the k likeliest frontier nodes). A layer costs
         the request's median layer time, timed on the wall from one question to the next, so the
         search's own top-k, read-back and bookkeeping count (before any layer is timed, the head's
-        row time, `EagleHead.row_ms`; until session 33 the head's call alone was timed: 3.4 ms of
+        row time, `EagleHead.row_ms`; until commit 6e56d99 of 2026-12-06 the head's call alone was timed: 3.4 ms of
         a compiled CPU layer's ~5). Each question also times what came before it: the first, after a
         step's short feed, a draft's start (catch-up and root logits: `ROOT_SOURCE`, what a one-token
         draft costs), every later one the layer just grown. The rate to beat is the
@@ -338,7 +338,7 @@ class Eagle2Drafter:
         now, with every size's verify cost and the drafting counted on both sides
         (`layer_rate_bound`). Both over-estimate what the layers could add, so a layer is cut only
         if it could not raise the step's rate. (2) matters where two tokens cost much more than one
-        (1.43x, bf16 without dot-product instructions, session 23): a tree that keeps no node yet
+        (1.43x, bf16 without dot-product instructions, commit df7f4d2 of 2026-12-03): a tree that keeps no node yet
         stops before its second layer."""
         curve, kappa = cost.curve(), self.kappa
         verify_ms = [interpolate_cost(curve, n) for n in range(max(2, cfg.total_tokens) + 1)]   # [size] -> ms
@@ -426,7 +426,7 @@ class Eagle2Drafter:
     def _one_token_plan(self, cost: CostModel) -> SizePlan:
         """A one-token draft at the probe's top-1 rate (without drafting cost when even a free
         draft would not pay), charged what a draft's start costs (`_root_ms`: a step's catch-up and
-        the root's logits; the median tree layer, dearer, until session 33). Not the probe's own
+        the root's logits; the median tree layer, dearer, until commit 6e56d99 of 2026-12-06). Not the probe's own
         catch-up: feeding a long queue (the prompt, a long sit-out) is paid once, whatever the
         decision; later drafts feed a step's few positions."""
         acc, curve = self._hits / (self._rows + 2.0), cost.curve()
@@ -462,8 +462,8 @@ class Eagle2Drafter:
         self._drafted_ms = draft_ms
         # what the drafting bought, at this step's own drafting ms (sunk, so known exactly; the plan
         # charges the request's median, and on a compiled CPU forward a depth-3 tree took ~8 ms
-        # against a ~5.5 ms median: session 34): the expected tokens over the verify cost + that. A
-        # tree cut to nothing ran a plain step plus its drafting (until session 34 its plan's 1.00x
+        # against a ~5.5 ms median: commit 538c1f4 of 2026-12-06): the expected tokens over the verify cost + that. A
+        # tree cut to nothing ran a plain step plus its drafting (until commit 538c1f4 of 2026-12-06 its plan's 1.00x
         # reset the misses, and a compiled head kept nothing for 13 steps in a row at 2.7 ms each).
         curve = cost.curve()
         paid = plan.expected_tokens * interpolate_cost(curve, 1) / (interpolate_cost(curve, plan.size) + draft_ms)

@@ -11,7 +11,7 @@ Contract:
   without bf16 instructions computes bf16 in float32 anyway; on a 2-core AMD EPYC Zen 3, session
   41, torch's bf16 matmul ran at 0.3 GFLOP/s, which made the bound of a one-token forward 940 ms
   against the 20 ms it took). Which bandwidth is lower depends on the machine and the moment: on a 2-core AMD EPYC
-  Zen 4 VM (session 40) one throwaway run gave a copy 34.2 GB/s and a sum 31.2 GB/s (the compiled
+  Zen 4 VM (commit dca698b of 2026-12-06) one throwaway run gave a copy 34.2 GB/s and a sum 31.2 GB/s (the compiled
   one-token forward's GEMVs then ran at 28-35 GB/s each), and `scripts/verify_cost.py` an hour
   later 51.3 and 54.4 GB/s.
 - `forward_bound(model_bytes, kv_bytes_per_token, flops_per_token, ...)` is a pure function: the
