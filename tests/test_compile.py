@@ -166,7 +166,7 @@ def test_the_compiled_cost_curve_is_measured_at_3_rows_past_the_static_two_row_g
     graph's first size, so the curve measures them instead of interpolating between 2 and 4 (which
     priced them ~3 ms low on a bf16 CPU without AMX, commit 538c1f4 of 2026-12-06); an eager curve does not."""
     eager, compiled = pair
-    monkeypatch.setattr(compiled, "_buckets", ())          # no bucket edge: the two-row graph's alone
+    monkeypatch.setattr(compiled.fast, "buckets", ())          # no bucket edge: the two-row graph's alone
     monkeypatch.setattr(compiled, "_cost_curves", {})
     assert compiled.fast.two_rows and eager.fast is None
     assert {1, 2, 3, 4, 8, 10} == set(compiled.verify_cost_curve(max_size=10, context=16, reps=0))
@@ -185,7 +185,7 @@ def test_trees_padded_to_a_static_bucket_equal_the_unpadded_forward(monkeypatch)
     compiled.enable_compile(progress=False)
     assert compiled.fast.buckets == (4, 8) and compiled.fast.bucket_choice == {}, "forced: not re-measured"
     assert compiled.fast.eager_from is None and compiled.fast.eager_choice is None, "forced off: not measured"
-    assert compiled.describe_buckets() == "compiled trees padded to static graphs of 4, 8 rows"
+    assert compiled.fast.describe() == "compiled trees padded to static graphs of 4, 8 rows"
     rng = random.Random(4)
     eager.prefill(PROMPT)
     compiled.prefill(PROMPT)
@@ -297,7 +297,7 @@ def test_larger_trees_run_eagerly_where_measured_or_forced_and_equal_the_compile
     rows, symbolic, eager_ms = measured.fast.eager_choice
     assert rows == max(measured.fast.buckets, default=2) + 1 and symbolic > 0 and eager_ms > 0
     assert measured.fast.eager_from == (rows if eager_ms < EAGER_MARGIN * symbolic else None)
-    assert f"{rows} rows: {symbolic:.1f} ms compiled against {eager_ms:.1f} eager" in measured.describe_buckets()
+    assert f"{rows} rows: {symbolic:.1f} ms compiled against {eager_ms:.1f} eager" in measured.fast.describe()
     monkeypatch.setenv("RESPEC_EAGER_FROM", "9")
     eager = make_target("llama", dtype=torch.float32)
     compiled = make_target("llama", dtype=torch.float32)
@@ -370,5 +370,5 @@ def test_the_default_float32_buckets_are_measured_at_warm_up_and_kept_only_where
     for b, (rows, padded, symbolic) in choice.items():
         assert 3 <= rows <= b and padded > 0 and symbolic > 0
         assert (b in compiled.fast.buckets) == (padded < BUCKET_MARGIN * symbolic)
-        assert f"{b} rows: {rows} padded" in compiled.describe_buckets()
+        assert f"{b} rows: {rows} padded" in compiled.fast.describe()
     assert compiled.describe_forward().static_buckets == compiled.fast.buckets
