@@ -36,7 +36,8 @@ if [ ! -x /usr/bin/chromium ]; then
 fi
 # ---- END BROWSER TESTS SETUP ---------------------------------------------------------------------
 
-.venv/bin/python -m pytest -q tests "$@"
+# --durations=20: the 20 slowest tests at the end, so the next person sees where the time goes
+.venv/bin/python -m pytest -q --durations=20 tests "$@"
 
 # The lossless suite again against the transformers a lent GPU machine has (5.17, huggingface_hub < 2),
 # a few minutes; only for the whole suite (extra pytest arguments run what they name, nothing more).

@@ -1,8 +1,11 @@
 """Shared fixtures: tiny random-init targets built from configs (fp64, exact on CPU), oracle
-drafters that know the vanilla continuation, and helpers to run a method end to end."""
+drafters that know the vanilla continuation, helpers to run a method end to end, and one compiled
+float32 tiny Llama for the whole session (`compiled_llama`: compiling costs minutes on two cores,
+so the compile tests share it rather than each compiling its own)."""
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from typing import Sequence
 
 import pytest
@@ -95,3 +98,76 @@ def inject_costs(monkeypatch, target, curve: dict[int, float], row_ms: float) ->
                         lambda max_size=64, **_: {n: ms for n, ms in curve.items() if n <= max(max_size, 2)})
     monkeypatch.setattr(CostModel, "observe", lambda self, size, verify_ms: None)
     monkeypatch.setattr(EagleHead, "row_ms", lambda self, target, reps=3: row_ms)
+
+
+@dataclass(frozen=True)
+class CompiledLlama:
+    """The session's compiled float32 tiny Llama (seed 0: make_target("llama")'s weights) and what
+    it did right after its warm-up, before any test touched it."""
+    target: HFTarget
+    bucket_choice: dict              # what choose_buckets measured at its warm-up
+    buckets: tuple[int, ...]         # the buckets it kept
+    eager_from: int | None           # what choose_eager_from measured (restored after each test)
+    eager_choice: tuple | None
+    fresh_compiles: dict             # {check: compiles it took} for the checks a fresh load must pass
+
+
+def _fresh_load_compiles(target: HFTarget) -> dict:
+    """Compiles taken, right after the warm-up, by (1) twenty mixed tree sizes over a grown cache
+    (one token, chains, branching trees up to 33 rows through the symbolic graph) and (2) one-token
+    steps and chains that fill the first slab to its last row and step past it: the warm-up alone
+    must have compiled every graph either takes."""
+    from respec.accel.compiled import compile_count
+    from respec.models.kv import INITIAL_CAPACITY
+    rng = random.Random(1)
+    saved, target.fast.eager_from = target.fast.eager_from, None        # the symbolic graph too
+    counts = {}
+    target.prefill([5, 17, 9, 33, 12, 8, 21, 40, 7])
+    before = compile_count()
+    for step in range(20):
+        n = [1, 2, 5, 9, 16, 33, 3, 12, 4, 2][step % 10]
+        parents = [-1] + [rng.randrange(i) for i in range(1, n)]
+        tree = DraftTree.from_parents([rng.randrange(3, target.vocab_size) for _ in range(n)], parents, "eagle")
+        target.forward_tree(tree)
+        node, path = rng.randrange(n), []
+        while node != -1:
+            path.append(node)
+            node = parents[node]
+        target.keep(path[::-1])
+    counts["mixed tree sizes"] = compile_count() - before
+    target.prefill([3 + i % 50 for i in range(INITIAL_CAPACITY - 6)])
+    before = compile_count()
+    for n in (1, 1, 1, 1, 1, 1, 3, 1, 2, 1):          # the slab reaches exactly its capacity on the way
+        target.forward_tree(DraftTree.chain(5, [6 + i for i in range(n - 1)], "eagle"))
+        target.keep(list(range(n)))
+    assert target.kv_len == INITIAL_CAPACITY + 7
+    counts["the first slab filled to its last row"] = compile_count() - before
+    target.fast.eager_from = saved
+    return counts
+
+
+@pytest.fixture(scope="session")
+def compiled_llama() -> CompiledLlama:
+    """One compiled tiny Llama (float32, the default buckets and choices measured on this machine,
+    no speed variable set), long enough (4 slabs' first capacity) for the cache-growth checks."""
+    from respec.models.kv import INITIAL_CAPACITY
+    with pytest.MonkeyPatch.context() as mp:
+        for var in ("RESPEC_PAD_ROWS", "RESPEC_EAGER_FROM", "RESPEC_ONE_ROW_AUTOTUNE", "RESPEC_LINEAR_LAYOUT"):
+            mp.delenv(var, raising=False)
+        target = HFTarget(tiny_llama(seed=0, dtype=torch.float32), eos_token_ids=frozenset({EOS}),
+                          context_length=4 * INITIAL_CAPACITY, name="tiny-llama")
+        target.enable_compile(progress=False)
+        fast = target.fast
+        return CompiledLlama(target, dict(fast.bucket_choice), tuple(fast.buckets), fast.eager_from,
+                             fast.eager_choice, _fresh_load_compiles(target))
+
+
+@pytest.fixture
+def shared_compiled(compiled_llama, monkeypatch) -> HFTarget:
+    """The session's compiled Llama with its measured choices, which a test may change freely:
+    they are put back after it (as is its cost-curve cache)."""
+    target = compiled_llama.target
+    for name in ("buckets", "bucket_choice", "eager_from", "eager_choice"):
+        monkeypatch.setattr(target.fast, name, getattr(compiled_llama, name))
+    monkeypatch.setattr(target, "_cost_curves", {})
+    return target

@@ -34,15 +34,15 @@ def kept_path(tree: DraftTree, rng: random.Random) -> list[int]:
     return path[::-1]
 
 
-@pytest.fixture(scope="module")
-def pair():
+@pytest.fixture
+def pair(shared_compiled, monkeypatch):
+    """An eager tiny Llama and the session's compiled one (conftest.compiled_llama: same seed, the
+    same weights)."""
     eager = make_target("llama", dtype=torch.float32)
-    compiled = make_target("llama", dtype=torch.float32)      # same seed: the same weights
-    compiled.enable_compile(progress=False)
     # the tests below check the symbolic-row graph: larger trees stay compiled whatever this
     # machine measured (graph_choice.choose_eager_from; test_larger_trees_run_eagerly_... checks that)
-    compiled.fast.eager_from = None
-    return eager, compiled
+    monkeypatch.setattr(shared_compiled.fast, "eager_from", None)
+    return eager, shared_compiled
 
 
 def test_compiled_logits_equal_eager_for_trees_over_growing_contexts(pair):
@@ -67,38 +67,18 @@ def test_compiled_logits_equal_eager_for_trees_over_growing_contexts(pair):
         assert eager.kv_len == compiled.kv_len
 
 
-def test_no_recompilation_after_warm_up_across_mixed_tree_sizes():
+def test_no_recompilation_after_warm_up_across_mixed_tree_sizes(compiled_llama):
     """A freshly loaded target: the warm-up alone must have compiled every graph a run takes
-    (one token, chains, branching trees, over grown caches)."""
-    compiled = make_target("llama", dtype=torch.float32)
-    compiled.enable_compile(progress=False)
-    compiled.fast.eager_from = None                               # the symbolic graph too (see `pair`)
-    rng = random.Random(1)
-    compiled.prefill(PROMPT[:9])
-    before = compile_count()
-    for step in range(20):
-        tree = random_tree(rng, [1, 2, 5, 9, 16, 33, 3, 12, 4, 2][step % 10], compiled.vocab_size)
-        compiled.forward_tree(tree)
-        compiled.keep(kept_path(tree, rng))
-    assert compile_count() == before
+    (one token, chains, branching trees, over grown caches). Checked on the session's compiled
+    Llama right after its warm-up, before any other test used it (conftest._fresh_load_compiles)."""
+    assert compiled_llama.fresh_compiles["mixed tree sizes"] == 0
 
 
-def test_no_recompilation_when_a_step_fills_the_cache_to_its_last_row():
+def test_no_recompilation_when_a_step_fills_the_cache_to_its_last_row(compiled_llama):
     """The slab's view covering its whole buffer (contiguous) is another case for the graphs'
-    guards: one-token steps and chains stepping across the first capacity compile nothing new."""
-    from respec.models.hf import HFTarget
-    from respec.models.kv import INITIAL_CAPACITY
-    from respec.models.tiny import tiny_llama
-
-    target = HFTarget(tiny_llama(seed=0, dtype=torch.float32), eos_token_ids=frozenset({2}),
-                      context_length=4 * INITIAL_CAPACITY, name="tiny-llama-long")
-    target.enable_compile(progress=False)
-    target.prefill([3 + i % 50 for i in range(INITIAL_CAPACITY - 6)])
-    before = compile_count()
-    for n in (1, 1, 1, 1, 1, 1, 3, 1, 2, 1):          # the slab reaches exactly its capacity on the way
-        target.forward_tree(DraftTree.chain(5, [6 + i for i in range(n - 1)], "eagle"))
-        target.keep(list(range(n)))
-    assert target.kv_len == INITIAL_CAPACITY + 7 and compile_count() == before
+    guards: one-token steps and chains stepping across the first capacity compile nothing new
+    (conftest._fresh_load_compiles, right after the warm-up)."""
+    assert compiled_llama.fresh_compiles["the first slab filled to its last row"] == 0
 
 
 @pytest.mark.parametrize("mode", ["same", "partial", "random"])
@@ -173,16 +153,18 @@ def test_the_compiled_cost_curve_is_measured_at_3_rows_past_the_static_two_row_g
     assert {1, 2, 4, 8, 10} == set(eager.verify_cost_curve(max_size=10, context=16, reps=0))
 
 
-def test_trees_padded_to_a_static_bucket_equal_the_unpadded_forward(monkeypatch):
+def test_trees_padded_to_a_static_bucket_equal_the_unpadded_forward(shared_compiled, monkeypatch):
     """`RESPEC_PAD_ROWS=4,8` (compiled.tree_buckets, forced on a float32 tiny model): forwards of
     3-4 rows run padded to 4 and of 5-8 rows to 8 through the buckets' static graphs, larger ones
     through the symbolic graph; chains and branching trees alike give the eager logits, hidden states and numbers,
     the cache holds only the real rows, and nothing compiles after the warm-up."""
     monkeypatch.setenv("RESPEC_PAD_ROWS", "4,8")
     monkeypatch.setenv("RESPEC_EAGER_FROM", "off")            # larger trees: the symbolic graph
+    from respec.accel.compiled import tree_buckets
     eager = make_target("llama", dtype=torch.float32)
-    compiled = make_target("llama", dtype=torch.float32)
-    compiled.enable_compile(progress=False)
+    compiled = shared_compiled                                # its graphs hold both default float32 buckets
+    compiled.fast.buckets = tree_buckets(compiled.device, compiled.dtype)   # what a load under the variable builds
+    compiled.fast.choose(compiled)                            # the choices a load makes after its warm-up
     assert compiled.fast.buckets == (4, 8) and compiled.fast.bucket_choice == {}, "forced: not re-measured"
     assert compiled.fast.eager_from is None and compiled.fast.eager_choice is None, "forced off: not measured"
     assert compiled.fast.describe() == "compiled trees padded to static graphs of 4, 8 rows"
@@ -284,24 +266,25 @@ def test_fastest_of_rounds_interleaves_the_ways_and_drops_the_first_round():
     assert calls == ["a", "b"] * 4 and pauses == [0, 2, 4, 6]
 
 
-def test_larger_trees_run_eagerly_where_measured_or_forced_and_equal_the_compiled_results(monkeypatch):
+def test_larger_trees_run_eagerly_where_measured_or_forced_and_equal_the_compiled_results(compiled_llama,
+                                                                                           shared_compiled,
+                                                                                           monkeypatch):
     """Trees of eager_from rows and more take the eager forward and output layer (no compiled
     graph, nothing compiled after the warm-up); smaller ones the compiled graphs; every size gives
     the eager logits, hidden states and numbers, and a greedy method still equals vanilla. Unforced,
     the choice is measured at warm-up and recorded (which way it goes is the machine's business;
     the record must agree with EAGER_MARGIN)."""
     from respec.accel.graph_choice import EAGER_MARGIN
-    monkeypatch.delenv("RESPEC_EAGER_FROM", raising=False)
-    measured = make_target("llama", dtype=torch.float32)
-    measured.enable_compile(progress=False)
-    rows, symbolic, eager_ms = measured.fast.eager_choice
+    measured = shared_compiled              # loaded with RESPEC_EAGER_FROM unset (conftest.compiled_llama)
+    rows, symbolic, eager_ms = compiled_llama.eager_choice
     assert rows == max(measured.fast.buckets, default=2) + 1 and symbolic > 0 and eager_ms > 0
     assert measured.fast.eager_from == (rows if eager_ms < EAGER_MARGIN * symbolic else None)
     assert f"{rows} rows: {symbolic:.1f} ms compiled against {eager_ms:.1f} eager" in measured.fast.describe()
     monkeypatch.setenv("RESPEC_EAGER_FROM", "9")
+    monkeypatch.setenv("RESPEC_PAD_ROWS", ",".join(map(str, measured.fast.buckets)) or "0")   # kept as measured
     eager = make_target("llama", dtype=torch.float32)
-    compiled = make_target("llama", dtype=torch.float32)
-    compiled.enable_compile(progress=False)
+    compiled = measured
+    compiled.fast.choose(compiled)                            # the choices a load makes after its warm-up
     assert compiled.fast.eager_from == 9 and compiled.fast.eager_choice is None
     assert [compiled.runs_compiled(n) for n in (1, 2, 8, 9, 33)] == [True, True, True, False, False]
     assert not eager.runs_compiled(1)

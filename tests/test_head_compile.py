@@ -35,8 +35,11 @@ def _head(kind: str, target):
 @pytest.fixture(scope="module", params=[("llama", "eagle"), ("qwen2", "eagle3")])
 def compiled_pair(request):
     arch, kind = request.param
-    target = make_target(arch, dtype=torch.float32)
-    target.enable_compile(progress=False)
+    if arch == "llama":         # the session's compiled Llama (conftest.compiled_llama): no second compile
+        target = request.getfixturevalue("compiled_llama").target
+    else:
+        target = make_target(arch, dtype=torch.float32)
+        target.enable_compile(progress=False)
     eager_head, head = _head(kind, target), _head(kind, target)    # same seed: the same weights
     seconds = compile_head(head, target, progress=False)
     # the tests below check the symbolic-row graphs: larger calls stay compiled whatever this machine
@@ -160,11 +163,15 @@ def test_an_eager_target_leaves_the_head_eager_and_compiling_twice_is_free(compi
     assert head.route.target is target
 
 
-def test_a_background_compile_serves_eagerly_then_installs_the_compiled_target_and_head():
+def test_a_background_compile_serves_eagerly_then_installs_the_compiled_target_and_head(compiled_llama):
     """Runner.compile_later compiles on a twin target (the same weights) while runs go on eagerly
     under the step lock; then the runner's own target and head run compiled (the meta says so),
-    with no recompilation, greedy eagle2 still equal to vanilla."""
-    target = make_target("llama", dtype=torch.float32)
+    with no recompilation, greedy eagle2 still equal to vanilla. The target is a fresh, eager one
+    over the session's compiled Llama's model (conftest.compiled_llama), so the twin's forward
+    finds that model's graphs already compiled in this process; the head compiles anew."""
+    from respec.models.hf import HFTarget
+    target = HFTarget(compiled_llama.target.model, eos_token_ids=compiled_llama.target.eos_token_ids,
+                      context_length=256, name="tiny-llama")
     runner = Runner(target)                       # a random head, eager
     cfg = EngineConfig().with_overrides({"method": "eagle2", "max_new_tokens": 24})
     ref = run(make_target("llama", dtype=torch.float32), "vanilla", PROMPT, max_new_tokens=24).tokens
@@ -249,7 +256,7 @@ def test_greedy_eagle2_equals_vanilla_with_the_output_layer_routed_eagerly(compi
         compiled.routes = saved
 
 
-def test_head_calls_past_the_small_rows_run_eagerly_where_measured_or_forced(monkeypatch):
+def test_head_calls_past_the_small_rows_run_eagerly_where_measured_or_forced(compiled_llama, monkeypatch):
     """CompiledHead.choose_eager (at the warm-up's end): unforced, the choice is timed at the symbolic
     graph's fewest rows and recorded (which way it goes is the machine's business; the record must
     agree with EAGER_MARGIN); with RESPEC_EAGER_FROM=5, calls of 5 rows and more and their draft
@@ -258,8 +265,7 @@ def test_head_calls_past_the_small_rows_run_eagerly_where_measured_or_forced(mon
     from respec.accel.head_compile import SMALL_ROWS
     from respec.accel.graph_choice import EAGER_MARGIN
     monkeypatch.delenv("RESPEC_EAGER_FROM", raising=False)
-    target = make_target("llama", dtype=torch.float32)
-    target.enable_compile(progress=False)
+    target = compiled_llama.target
     measured = _head("eagle", target)
     compile_head(measured, target, progress=False)
     rows, compiled_ms, eager_ms = measured.route.eager_choice
@@ -267,8 +273,8 @@ def test_head_calls_past_the_small_rows_run_eagerly_where_measured_or_forced(mon
     assert measured.route.eager_from == (rows if eager_ms < EAGER_MARGIN * compiled_ms else None)
     assert f"{rows} rows: {compiled_ms:.1f} ms compiled" in measured.route.describe_routes()
     monkeypatch.setenv("RESPEC_EAGER_FROM", "5")
-    eager_head, head = _head("eagle", target), _head("eagle", target)
-    compile_head(head, target, progress=False)
+    eager_head, head = _head("eagle", target), measured                # same seed: the same weights
+    head.route.choose_eager()                  # the choice a compile makes at its warm-up's end, now forced
     assert head.route.eager_from == 5 and head.route.eager_choice is None
     assert "head calls of 5 rows and more eager" in head.output_layer_routes()
     before = compile_count()

@@ -227,7 +227,7 @@ class CompiledHead:
 
         forced = forced_eager_from()
         if forced != "":
-            self.eager_from = forced
+            self.eager_from, self.eager_choice = forced, None
             return self.eager_from
         head, target = self.head, self.target
         dev, dtype = head.fc.weight.device, head.fc.weight.dtype

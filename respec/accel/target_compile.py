@@ -88,17 +88,30 @@ class CompiledForward:
         """Pay the compiles (compiled.warm_up) and measure the machine's choices; returns the
         warm-up's seconds. `target.fast` must already be this object (the warm-up runs steps)."""
         seconds = warm_up(target, progress=progress, pause=pause)
+        self.choose(target, pause)
+        if progress:
+            print(self.describe(), file=sys.stderr)
+        return seconds
+
+    def choose(self, target, pause: Callable[[], None] | None = None) -> None:
+        """The machine's choices over the warmed-up graphs: which static buckets pay (measured,
+        unless RESPEC_PAD_ROWS forced them at build: then kept as forced, no record) and from which
+        row count trees run eagerly (measured, unless RESPEC_EAGER_FROM forces it: no record)."""
         if self.buckets and forced_buckets() is None:        # defaults are checked on this machine
             self.buckets, self.bucket_choice = choose_buckets(self.buckets, self._timer(target, "buckets", pause))
+        else:
+            self.bucket_choice = {}
         first = max(self.buckets, default=2) + 1              # the symbolic graph's fewest rows
         forced = forced_eager_from()
+        self.eager_choice = None
         if forced != "":
             self.eager_from = forced
         elif first <= target.context_length // 2:            # room for it after the timing prefill
             self.eager_from, self.eager_choice = choose_eager_from(first, self._timer(target, "eager_from", pause))
-        if progress:
-            print(self.describe(), file=sys.stderr)
-        return seconds
+
+    def warm_up(self, target, progress: bool = True, pause: Callable[[], None] | None = None) -> float:
+        """The warm-up alone (compiled.warm_up), the choices kept: a second enable_compile."""
+        return warm_up(target, progress=progress, pause=pause)
 
     def features_changed(self, target) -> None:
         """The target now returns layer inputs: those are other graphs, warmed up once."""

@@ -226,9 +226,10 @@ class HFTarget:
         ConfigError where respec.accel cannot be imported."""
         if CompiledForward is None:
             raise ConfigError("compiling needs respec.accel, which cannot be imported here; run with --compile off")
-        if self.fast is None:
-            self.fast = CompiledForward.build(self)
-            self._cost_curves.clear()
+        if self.fast is not None:                        # already compiled: pay any new compiles only
+            return self.fast.warm_up(self, progress=progress, pause=pause)
+        self.fast = CompiledForward.build(self)
+        self._cost_curves.clear()
         return self.fast.enable(self, progress=progress, pause=pause)
 
     def twin(self) -> "HFTarget":
