@@ -163,8 +163,6 @@ class Runner:
     def _compile_head(self, progress: bool) -> None:
         """The head's compiles for the (compiled) target, and the target's graphs that return layer
         inputs when the head reads them (EAGLE-3)."""
-        if compile_head is None:
-            raise ConfigError("compiling needs respec.accel, which cannot be imported here; run with --compile off")
         compile_head(self.head, self.target, progress=progress)
         if self.head.feature_layers is not None:
             self.target.use_features(self.head.feature_layers)

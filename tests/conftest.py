@@ -112,6 +112,22 @@ class CompiledLlama:
     fresh_compiles: dict             # {check: compiles it took} for the checks a fresh load must pass
 
 
+def random_tree(rng: random.Random, n: int, vocab: int) -> DraftTree:
+    """n nodes (root included), each node's parent a random earlier node."""
+    parents = [-1] + [rng.randrange(i) for i in range(1, n)]
+    return DraftTree.from_parents([rng.randrange(3, vocab) for _ in range(n)], parents, "eagle")
+
+
+def kept_path(tree: DraftTree, rng: random.Random) -> list[int]:
+    """A root-to-node path of `tree` (ascending indices), as verification would keep."""
+    node = rng.randrange(tree.size)
+    path = []
+    while node != -1:
+        path.append(node)
+        node = tree.parents[node]
+    return path[::-1]
+
+
 def _fresh_load_compiles(target: HFTarget) -> dict:
     """Compiles taken, right after the warm-up, by (1) twenty mixed tree sizes over a grown cache
     (one token, chains, branching trees up to 33 rows through the symbolic graph) and (2) one-token
@@ -125,15 +141,9 @@ def _fresh_load_compiles(target: HFTarget) -> dict:
     target.prefill([5, 17, 9, 33, 12, 8, 21, 40, 7])
     before = compile_count()
     for step in range(20):
-        n = [1, 2, 5, 9, 16, 33, 3, 12, 4, 2][step % 10]
-        parents = [-1] + [rng.randrange(i) for i in range(1, n)]
-        tree = DraftTree.from_parents([rng.randrange(3, target.vocab_size) for _ in range(n)], parents, "eagle")
+        tree = random_tree(rng, [1, 2, 5, 9, 16, 33, 3, 12, 4, 2][step % 10], target.vocab_size)
         target.forward_tree(tree)
-        node, path = rng.randrange(n), []
-        while node != -1:
-            path.append(node)
-            node = parents[node]
-        target.keep(path[::-1])
+        target.keep(kept_path(tree, rng))
     counts["mixed tree sizes"] = compile_count() - before
     target.prefill([3 + i % 50 for i in range(INITIAL_CAPACITY - 6)])
     before = compile_count()

@@ -13,25 +13,9 @@ import torch
 from respec.accel.compiled import check_compile_choice, compile_count
 from respec.tree import DraftTree
 from respec.verify import read_number_table, read_numbers
-from tests.conftest import OracleDrafter, make_target, run
+from tests.conftest import OracleDrafter, kept_path, make_target, random_tree, run
 
 PROMPT = [5, 17, 9, 33, 12, 8, 21, 40, 7, 3, 19, 26]
-
-
-def random_tree(rng: random.Random, n: int, vocab: int) -> DraftTree:
-    """n nodes (root included), each node's parent a random earlier node."""
-    parents = [-1] + [rng.randrange(i) for i in range(1, n)]
-    return DraftTree.from_parents([rng.randrange(3, vocab) for _ in range(n)], parents, "eagle")
-
-
-def kept_path(tree: DraftTree, rng: random.Random) -> list[int]:
-    """A root-to-node path of `tree` (ascending indices), as verification would keep."""
-    node = rng.randrange(tree.size)
-    path = []
-    while node != -1:
-        path.append(node)
-        node = tree.parents[node]
-    return path[::-1]
 
 
 @pytest.fixture

@@ -188,7 +188,7 @@ class HFTarget:
         vanilla's included; prefills stay eager; respec/accel/target_compile.py)."""
         self._captured.clear()
         rows = int(kwargs["input_ids"].shape[1])
-        if compiled and self.fast is not None and self.fast.runs(rows):
+        if compiled and self.runs_compiled(rows):
             return self.fast.forward(self, kwargs)
         with self._layouts(rows):
             return self._base(**{self._cache_kw: self.cache}, use_cache=True, **kwargs)
@@ -287,7 +287,7 @@ class HFTarget:
         head_device = self._head.weight.device
         tokens, parents = ids.to(head_device), parents.to(head_device)                # [n], [n]
         table = None
-        if self.fast is not None and self.fast.runs(n):       # numbers fused: [n, V], [n, 7]
+        if self.runs_compiled(n):                             # numbers fused: [n, V], [n, 7]
             logits, table = self.fast.logits(hidden.to(head_device), tokens, parents)
         else:
             with self._layouts(n):
