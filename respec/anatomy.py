@@ -196,6 +196,7 @@ class Anatomy:
     draft_ms: float                 # per forward: drafting
     prefill_ms: float               # per forward: the prefill's share
     other_ms: float                 # per forward: the rest (tree building, masks, traces)
+    loop_ms_per_step: float         # per step after the prefill: the loop's own work (see `anatomy`)
     predicted_tokens: float | None  # per planned step: what the cost model expected ...
     realised_tokens: float | None   # ... and what those steps committed
     predicted_ms: float | None
@@ -236,10 +237,15 @@ def anatomy(run: Totals, vanilla: Totals) -> Anatomy:
     f, fv = max(run.forwards, 1), max(vanilla.forwards, 1)
     ms = run.wall_ms / f
     verify, draft, prefill = run.verify_ms / f, run.draft_ms / f, run.prefill_ms / f
+    # the loop's own work per step, the prefill apart: the run's wall time less its prefill, its
+    # drafting (Proposal built) and its target forwards (forward_tree, timed by the engine's
+    # Stopwatch), over the steps; what is left is reading the step's numbers back, verifying,
+    # keeping the accepted path in the cache, the drafter's feedback and the step's trace
+    loop = (run.wall_ms - run.prefill_ms - run.verify_ms - run.draft_ms) / max(run.forwards - 1, 1)
     p = run.planned_steps
     return Anatomy(tokens_per_forward=run.tokens / f, vanilla_tokens_per_forward=vanilla.tokens / fv,
                    ms_per_forward=ms, vanilla_ms_per_forward=vanilla.wall_ms / fv, verify_ms=verify,
-                   draft_ms=draft, prefill_ms=prefill, other_ms=ms - verify - draft - prefill,
+                   draft_ms=draft, prefill_ms=prefill, other_ms=ms - verify - draft - prefill, loop_ms_per_step=loop,
                    predicted_tokens=run.predicted_tokens / p if p else None,
                    realised_tokens=run.realised_tokens / p if p else None,
                    predicted_ms=run.predicted_ms / p if p else None, realised_ms=run.realised_ms / p if p else None)

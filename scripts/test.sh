@@ -12,7 +12,7 @@ bash scripts/setup.sh
 DEV_STAMP=".venv/.respec-requirements-dev.sha256"
 want="$( { cat requirements.txt requirements-dev.txt; .venv/bin/python -V 2>&1; } | sha256sum | cut -d' ' -f1)"
 installed='import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in sys.argv[1:]))'
-if [ "$want" = "$(cat "$DEV_STAMP" 2>/dev/null || true)" ] && .venv/bin/python -c "$installed" pytest hypothesis playwright httpx; then
+if [ "$want" = "$(cat "$DEV_STAMP" 2>/dev/null || true)" ] && .venv/bin/python -c "$installed" pytest hypothesis playwright httpx xdist; then
     echo "test: dev requirements up to date"
 else
     echo "test: installing requirements-dev.txt into .venv"
@@ -36,8 +36,11 @@ if [ ! -x /usr/bin/chromium ]; then
 fi
 # ---- END BROWSER TESTS SETUP ---------------------------------------------------------------------
 
-# --durations=20: the 20 slowest tests at the end, so the next person sees where the time goes
-.venv/bin/python -m pytest -q --durations=20 tests "$@"
+# One pytest-xdist worker per core (`nproc`: the cores this process may use), each worker's torch on
+# its share of them (tests/conftest.py); the tests that share the session's compiled tiny Llama are one
+# xdist group, run by one worker (`--dist loadgroup`). --durations=20: the 20 slowest tests at the end,
+# so the next person sees where the time goes.
+.venv/bin/python -m pytest -q --durations=20 -n "$(nproc)" --dist loadgroup tests "$@"
 
 # The lossless suite again against the transformers a lent GPU machine has (5.17, huggingface_hub < 2),
 # a few minutes; only for the whole suite (extra pytest arguments run what they name, nothing more).

@@ -4,6 +4,8 @@ float32 tiny Llama for the whole session (`compiled_llama`: compiling costs minu
 so the compile tests share it rather than each compiling its own)."""
 from __future__ import annotations
 
+import contextlib
+import os
 import random
 from dataclasses import dataclass
 from typing import Sequence
@@ -20,6 +22,17 @@ from respec.models.tiny import tiny_llama, tiny_qwen2
 from respec.tree import DraftTree
 
 EOS = 2
+
+
+def pytest_configure(config) -> None:
+    """Under pytest-xdist (README's test command: one worker per core, `--dist loadgroup`), each worker's torch
+    takes its share of the cores, so workers never oversubscribe them. The tests that share a
+    session's compiled model are one xdist group (`xdist_group("compiled_llama")`), so it compiles
+    once, in one worker."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if os.environ.get("PYTEST_XDIST_WORKER") and workers > 1:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        torch.set_num_threads(max(1, cores // workers))
 
 
 def make_target(arch: str, seed: int = 0, dtype=torch.float64) -> HFTarget:
@@ -110,6 +123,22 @@ class CompiledLlama:
     eager_from: int | None           # what choose_eager_from measured (restored after each test)
     eager_choice: tuple | None
     fresh_compiles: dict             # {check: compiles it took} for the checks a fresh load must pass
+
+
+@contextlib.contextmanager
+def frames_compiled():
+    """The frames dynamo compiles inside the block, as "function file:line (thread)" (a failed
+    no-recompilation check names what compiled and in which thread, not only how many)."""
+    import threading
+
+    from torch._dynamo.convert_frame import register_bytecode_hook
+    frames: list[str] = []
+    handle = register_bytecode_hook(lambda code, new_code: frames.append(
+        f"{code.co_name} {code.co_filename}:{code.co_firstlineno} ({threading.current_thread().name})"))
+    try:
+        yield frames
+    finally:
+        handle.remove()
 
 
 def random_tree(rng: random.Random, n: int, vocab: int) -> DraftTree:

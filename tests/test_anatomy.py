@@ -64,6 +64,9 @@ def test_real_runs_count_every_accepted_token_and_the_factors_multiply_back(meth
     assert a.vanilla_tokens_per_forward == 1.0
     parts = a.verify_ms + a.draft_ms + a.prefill_ms + a.other_ms
     assert parts == pytest.approx(a.ms_per_forward)
+    steps = out.steps          # the loop's own work: the wall less prefill, drafting and forwards, per step
+    loop = (out.wall_time_s * 1000 - out.prefill_ms - sum(s.verify_ms + s.draft_ms for s in steps)) / len(steps)
+    assert a.loop_ms_per_step == pytest.approx(loop) and a.loop_ms_per_step > 0
     assert a.sentence(method).endswith(f"so {a.speedup:.2f}x")
 
 

@@ -176,7 +176,8 @@ def test_a_rerun_skips_finished_records_and_redoes_a_cut_one(tmp_path, monkeypat
     assert calls == [QUESTIONS[-1].question_id], "only the cut record reruns"
     assert [json.loads(x)["tokens"] for x in path.read_text().splitlines()] == [json.loads(x)["tokens"] for x in lines]
     timing = ["tokens_per_s", "speedup_vs_vanilla", "speedup_same_length", "speedup_std", "speedup_min", "speedup_max",
-              "step_cost", "verify_ms_per_forward", "draft_ms_per_forward", "other_ms_per_forward"]
+              "step_cost", "verify_ms_per_forward", "draft_ms_per_forward", "other_ms_per_forward",
+              "loop_ms_per_step"]
     pd.testing.assert_frame_equal(first.drop(columns=timing), third.drop(columns=timing))
 
 
@@ -351,6 +352,10 @@ def test_summary_carries_acceptance_by_depth_and_the_speedup_factors():
     assert s.tokens_per_forward / s.step_cost == pytest.approx(s.speedup_vs_vanilla)
     assert s.verify_ms_per_forward == pytest.approx(75.0) and s.draft_ms_per_forward == pytest.approx(12.5)
     assert s.other_ms_per_forward == pytest.approx(125 - 75 - 12.5)
+    # the loop's own work per step, the prefill apart: (500 - 20 - 300 - 50) ms over 3 steps
+    assert s.loop_ms_per_step == pytest.approx((500 - 20 - 300 - 50) / 3)
+    v = summarize(pd.DataFrame([van, sam])).set_index(["category", "method"]).loc[("qa", "vanilla")]
+    assert v.loop_ms_per_step == pytest.approx((1000 - 900) / 9), "vanilla's too, over its own steps"
     assert s.predicted_tokens == pytest.approx(2.5) and s.realised_tokens == pytest.approx(3.0)
     legacy = summarize(pd.DataFrame([van, old])).set_index(["category", "method"]).loc[("qa", "sam")]
     assert legacy.tokens_per_forward != legacy.tokens_per_forward, "records without the fields: NaN"

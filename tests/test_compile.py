@@ -17,6 +17,10 @@ from tests.conftest import OracleDrafter, kept_path, make_target, random_tree, r
 
 PROMPT = [5, 17, 9, 33, 12, 8, 21, 40, 7, 3, 19, 26]
 
+# with pytest-xdist (README's test command), every test here runs in the worker that holds the
+# session's compiled Llama (conftest.compiled_llama), as do the tests of test_head_compile.py that use it
+pytestmark = pytest.mark.xdist_group("compiled_llama")
+
 
 @pytest.fixture
 def pair(shared_compiled, monkeypatch):

@@ -7,6 +7,7 @@ eagerly meanwhile, then installs the compiled target and head without recompilin
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ from respec.accel.compiled import compile_count
 from respec.accel.head_compile import compile_head
 from respec.models.kv import INITIAL_CAPACITY, slab_cache
 from respec.runner import Runner
-from tests.conftest import make_target, run
+from tests.conftest import frames_compiled, make_target, run
 
 PROMPT = [5, 17, 9, 33, 12, 8, 21, 40, 7, 3, 19, 26]
 FIXED_TREES = {"tree.auto": False, "tree.total_tokens": 8, "tree.depth": 3, "tree.top_k": 2}
@@ -32,20 +33,47 @@ def _head(kind: str, target):
     return random_eagle3_head(target, seed=3, qkv_bias=qkv) if kind == "eagle3" else random_head(target, seed=3, qkv_bias=qkv)
 
 
-@pytest.fixture(scope="module", params=[("llama", "eagle"), ("qwen2", "eagle3")])
-def compiled_pair(request):
-    arch, kind = request.param
-    if arch == "llama":         # the session's compiled Llama (conftest.compiled_llama): no second compile
-        target = request.getfixturevalue("compiled_llama").target
-    else:
-        target = make_target(arch, dtype=torch.float32)
-        target.enable_compile(progress=False)
+@dataclass(frozen=True)
+class HeadPair:
+    """A compiled target, an eager head and its compiled twin (the same weights), the head's
+    compile seconds and the eager-from choice its warm-up measured (before the fixture cleared it)."""
+    target: object
+    eager_head: object
+    head: object
+    seconds: float
+    measured_eager_from: int | None
+
+
+def _head_pair(target, kind: str) -> HeadPair:
     eager_head, head = _head(kind, target), _head(kind, target)    # same seed: the same weights
     seconds = compile_head(head, target, progress=False)
+    measured = head.route.eager_from
     # the tests below check the symbolic-row graphs: larger calls stay compiled whatever this machine
     # measured (CompiledHead.choose_eager; test_head_calls_past_the_small_rows_run_eagerly_... checks that)
     head.route.eager_from = None
-    return target, eager_head, head, seconds
+    return HeadPair(target, eager_head, head, seconds, measured)
+
+
+@pytest.fixture(scope="module")
+def llama_pair(compiled_llama) -> HeadPair:
+    """The session's compiled Llama (conftest.compiled_llama: no second target compile) with a
+    compiled EAGLE head; the eager-from test reads its measured choice rather than compiling a third head."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("RESPEC_EAGER_FROM", raising=False)          # measured, not forced
+        return _head_pair(compiled_llama.target, "eagle")
+
+
+@pytest.fixture(scope="module", params=[pytest.param(("llama", "eagle"), marks=pytest.mark.xdist_group("compiled_llama")),
+                                        pytest.param(("qwen2", "eagle3"), marks=pytest.mark.xdist_group("compiled_qwen2"))])
+def compiled_pair(request):
+    arch, kind = request.param
+    if arch == "llama":
+        pair = request.getfixturevalue("llama_pair")
+    else:
+        target = make_target(arch, dtype=torch.float32)
+        target.enable_compile(progress=False)
+        pair = _head_pair(target, kind)
+    return pair.target, pair.eager_head, pair.head, pair.seconds
 
 
 def test_compiled_head_equals_eager_for_catch_ups_and_trees_over_a_growing_cache(compiled_pair):
@@ -83,13 +111,15 @@ def test_no_recompilation_after_the_warm_up_across_twenty_drafting_steps(compile
     run(target, "eagle2", PROMPT[:4], head=head, max_new_tokens=2)
     before = compile_count()
     steps = []
-    for shift in range(6):                     # prompts until 20 steps (a tiny model may stop early)
-        prompt = [(t + 7 * shift) % target.vocab_size for t in PROMPT]
-        steps += run(target, "eagle2", prompt, head=head, max_new_tokens=24, **FIXED_TREES).steps
-        if len(steps) >= 20:
-            break
+    with frames_compiled() as frames:
+        for shift in range(6):                     # prompts until 20 steps (a tiny model may stop early)
+            prompt = [(t + 7 * shift) % target.vocab_size for t in PROMPT]
+            steps += run(target, "eagle2", prompt, head=head, max_new_tokens=24, **FIXED_TREES).steps
+            if len(steps) >= 20:
+                break
     assert len(steps) >= 20 and all(s.tree.size > 1 for s in steps)      # the head drafted a tree each step
-    assert compile_count() == before
+    assert compile_count() == before, (f"compiled after the warm-up: {frames}; target {target.fast.describe()}; "
+                                       f"head {head.route.describe_routes()}; tree sizes {[s.tree.size for s in steps]}")
 
 
 def test_the_heads_row_timing_is_paid_in_the_warm_up_and_compiles_nothing(compiled_pair):
@@ -163,6 +193,7 @@ def test_an_eager_target_leaves_the_head_eager_and_compiling_twice_is_free(compi
     assert head.route.target is target
 
 
+@pytest.mark.xdist_group("compiled_llama")
 def test_a_background_compile_serves_eagerly_then_installs_the_compiled_target_and_head(compiled_llama):
     """Runner.compile_later compiles on a twin target (the same weights) while runs go on eagerly
     under the step lock; then the runner's own target and head run compiled (the meta says so),
@@ -256,24 +287,24 @@ def test_greedy_eagle2_equals_vanilla_with_the_output_layer_routed_eagerly(compi
         compiled.routes = saved
 
 
-def test_head_calls_past_the_small_rows_run_eagerly_where_measured_or_forced(compiled_llama, monkeypatch):
+@pytest.mark.xdist_group("compiled_llama")
+def test_head_calls_past_the_small_rows_run_eagerly_where_measured_or_forced(llama_pair, monkeypatch):
     """CompiledHead.choose_eager (at the warm-up's end): unforced, the choice is timed at the symbolic
     graph's fewest rows and recorded (which way it goes is the machine's business; the record must
     agree with EAGER_MARGIN); with RESPEC_EAGER_FROM=5, calls of 5 rows and more and their draft
     logits (past the measured routes) run eagerly and equal the eager head, nothing compiles after
-    the warm-up, and greedy eagle2 still equals vanilla."""
+    the warm-up, and greedy eagle2 still equals vanilla. The head is the llama pair's (compiled with
+    RESPEC_EAGER_FROM unset, conftest.compiled_llama); its choice is put back after."""
     from respec.accel.head_compile import SMALL_ROWS
     from respec.accel.graph_choice import EAGER_MARGIN
-    monkeypatch.delenv("RESPEC_EAGER_FROM", raising=False)
-    target = compiled_llama.target
-    measured = _head("eagle", target)
-    compile_head(measured, target, progress=False)
-    rows, compiled_ms, eager_ms = measured.route.eager_choice
+    target, eager_head, head = llama_pair.target, llama_pair.eager_head, llama_pair.head
+    rows, compiled_ms, eager_ms = head.route.eager_choice
     assert rows == SMALL_ROWS + 1 and compiled_ms > 0 and eager_ms > 0
-    assert measured.route.eager_from == (rows if eager_ms < EAGER_MARGIN * compiled_ms else None)
-    assert f"{rows} rows: {compiled_ms:.1f} ms compiled" in measured.route.describe_routes()
+    assert llama_pair.measured_eager_from == (rows if eager_ms < EAGER_MARGIN * compiled_ms else None)
+    assert f"{rows} rows: {compiled_ms:.1f} ms compiled" in head.route.describe_routes()
+    for name in ("eager_from", "eager_choice"):           # the forced choice below is undone after the test
+        monkeypatch.setattr(head.route, name, getattr(head.route, name))
     monkeypatch.setenv("RESPEC_EAGER_FROM", "5")
-    eager_head, head = _head("eagle", target), measured                # same seed: the same weights
     head.route.choose_eager()                  # the choice a compile makes at its warm-up's end, now forced
     assert head.route.eager_from == 5 and head.route.eager_choice is None
     assert "head calls of 5 rows and more eager" in head.output_layer_routes()

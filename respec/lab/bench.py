@@ -15,6 +15,15 @@ logit gap is within the rounding tolerance of the model's dtype (0.5 in bf16/fp1
 fp32/fp64): see README "Lossless"; ROUGE-L and NLL ratio against vanilla. The per-category summary
 (speedup as a ratio of means, per-repeat spread, mean accepted length, exact-match and lossless
 rates) is `respec.lab.report.summarize`.
+
+Timer edges (respec/engine.py): a run's wall time is `Engine.generate`'s, from before the prefill to
+the assembled result; `prefill_ms` is the prompt's forward and the drafter's reset (its index of the
+prompt; an EAGLE head's catch-up on the prompt runs in the first step's drafting); each step's
+`draft_ms` is the drafter's `propose`, and `verify_ms` the target's `forward_tree` (the upload, the
+forward, the output layer; on a GPU, CUDA events). The summary's `loop_ms_per_step` is what is left
+per step: (wall - prefill - drafting - forwards) / steps, i.e. reading the step's numbers back,
+verifying, keeping the accepted path in the cache, the drafter's feedback and the step's trace
+(`respec.anatomy.anatomy`). A peer (`hf-greedy`, `hf-pld`) is timed around `model.generate` alone.
 """
 from __future__ import annotations
 

@@ -187,7 +187,8 @@ def anatomy_columns(g: "pandas.DataFrame", vanilla: "pandas.DataFrame") -> dict[
     out = {f"accept_at_depth_{d}": nan for d in range(1, SUMMARY_DEPTHS + 1)}
     out.update({f"reach_depth_{d}": nan for d in range(1, SUMMARY_DEPTHS + 1)})
     out.update(dict.fromkeys(("tokens_per_forward", "step_cost", "verify_ms_per_forward", "draft_ms_per_forward",
-                              "other_ms_per_forward", "predicted_tokens", "realised_tokens"), nan))
+                              "other_ms_per_forward", "loop_ms_per_step", "predicted_tokens",
+                              "realised_tokens"), nan))
     if "depth" not in g or "totals" not in g:
         return out
     recs = [(d, t) for d, t in zip(g["depth"], g["totals"]) if isinstance(d, dict) and isinstance(t, dict)]
@@ -204,6 +205,7 @@ def anatomy_columns(g: "pandas.DataFrame", vanilla: "pandas.DataFrame") -> dict[
     a = anatomy(sum((Totals(**t) for _, t in recs), Totals()), sum((Totals(**t) for t in vrecs), Totals()))
     out.update(tokens_per_forward=a.tokens_per_forward, step_cost=a.step_cost, verify_ms_per_forward=a.verify_ms,
                draft_ms_per_forward=a.draft_ms, other_ms_per_forward=a.other_ms + a.prefill_ms,
+               loop_ms_per_step=a.loop_ms_per_step,
                predicted_tokens=nan if a.predicted_tokens is None else a.predicted_tokens,
                realised_tokens=nan if a.realised_tokens is None else a.realised_tokens)
     return out
@@ -225,7 +227,7 @@ SUMMARY_COLUMNS = {"questions": "{:.0f}", "tokens_per_s": "{:.1f}", "speedup_vs_
                    "trigger_rate": "{:.2f}", "relaxed_per_token": "{:.3f}", "trie_branching": "{:.2f}",
                    **{f"accept_at_depth_{d}": "{:.2f}" for d in range(1, SUMMARY_DEPTHS + 1)},
                    "tokens_per_forward": "{:.2f}", "step_cost": "{:.2f}", "verify_ms_per_forward": "{:.1f}",
-                   "draft_ms_per_forward": "{:.1f}", "other_ms_per_forward": "{:.1f}",
+                   "draft_ms_per_forward": "{:.1f}", "other_ms_per_forward": "{:.1f}", "loop_ms_per_step": "{:.2f}",
                    "predicted_tokens": "{:.2f}", "realised_tokens": "{:.2f}"}
 
 
