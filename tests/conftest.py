@@ -5,8 +5,11 @@ so the compile tests share it rather than each compiling its own)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
+import shutil
+import tempfile
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -24,15 +27,63 @@ from respec.tree import DraftTree
 EOS = 2
 
 
+#: Where the xdist workers write which tests their `xdist_group` marks put together (set by the
+#: controller for the run; see `pytest_xdist_make_scheduler`).
+GROUPS_FILE = "RESPEC_TEST_GROUPS_FILE"
+
+
 def pytest_configure(config) -> None:
-    """Under pytest-xdist (README's test command: one worker per core, `--dist loadgroup`), each worker's torch
-    takes its share of the cores, so workers never oversubscribe them. The tests that share a
-    session's compiled model are one xdist group (`xdist_group("compiled_llama")`), so it compiles
-    once, in one worker."""
+    """README's test command runs one pytest-xdist worker per core with `--dist loadgroup`. Each
+    worker's torch takes its share of the cores, so workers never oversubscribe them; the
+    controller names a file where the workers record the `xdist_group` marks (below)."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
-    if os.environ.get("PYTEST_XDIST_WORKER") and workers > 1:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        torch.set_num_threads(max(1, cores // workers))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        if workers > 1:
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+            torch.set_num_threads(max(1, cores // workers))
+    elif getattr(config.option, "dist", "no") == "loadgroup":
+        folder = tempfile.mkdtemp(prefix="respec-test-groups-")
+        config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+        os.environ[GROUPS_FILE] = os.path.join(folder, "groups.json")     # the workers inherit it
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """In an xdist worker: write {test id: group} for the tests with an `xdist_group` mark."""
+    path = os.environ.get(GROUPS_FILE)
+    if not (path and os.environ.get("PYTEST_XDIST_WORKER")):
+        return
+    groups = {item.nodeid: "_".join(sorted({str(m.args[0]) for m in item.iter_markers("xdist_group")}))
+              for item in items if item.get_closest_marker("xdist_group") is not None}
+    tmp = f"{path}.{os.environ['PYTEST_XDIST_WORKER']}"
+    with open(tmp, "w") as f:
+        json.dump(groups, f)
+    os.replace(tmp, path)                          # every worker collects the same tests: any copy serves
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadgroup` keeping the tests of one `xdist_group` on one worker. pytest-xdist 3.8
+    marks a group by appending it to the test's id, which pytest 9 ignores (its ids are built
+    elsewhere), so each test went wherever there was room: the session's compiled tiny Llama was
+    compiled once per worker. Here the groups come from the marks the workers recorded (the
+    controller collects nothing itself), read when the scheduler first splits the ids, after every
+    worker's collection; the largest groups go out first (xdist's default order)."""
+    path = os.environ.get(GROUPS_FILE)
+    if getattr(config.option, "dist", "no") != "loadgroup" or not path:
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class MarkGroupScheduling(LoadScopeScheduling):
+        groups: dict | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:
+                with open(path) as f:
+                    self.groups = json.load(f)
+            group = self.groups.get(nodeid)
+            return f"group:{group}" if group else nodeid
+
+    return MarkGroupScheduling(config, log)
 
 
 def make_target(arch: str, seed: int = 0, dtype=torch.float64) -> HFTarget:
