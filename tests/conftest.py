@@ -52,7 +52,8 @@ def pytest_collection_modifyitems(config, items) -> None:
     path = os.environ.get(GROUPS_FILE)
     if not (path and os.environ.get("PYTEST_XDIST_WORKER")):
         return
-    groups = {item.nodeid: "_".join(sorted({str(m.args[0]) for m in item.iter_markers("xdist_group")}))
+    groups = {item.nodeid: "_".join(sorted({str(m.args[0] if m.args else m.kwargs.get("name", ""))    # xdist's rule
+                                            for m in item.iter_markers("xdist_group")}))
               for item in items if item.get_closest_marker("xdist_group") is not None}
     tmp = f"{path}.{os.environ['PYTEST_XDIST_WORKER']}"
     with open(tmp, "w") as f:

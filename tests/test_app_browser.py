@@ -344,3 +344,38 @@ def test_a_model_that_fails_to_load_leaves_a_banner_and_replay_mode(browser):
         pg.close()
     finally:
         demo.close()
+
+
+def test_the_1_5b_is_chosen_in_the_picker_and_compare_says_what_a_tree_costs(browser):
+    """The second built-in model, once fetched (`python -m respec fetch qwen2.5-coder-1.5b`): the picker
+    offers it, Compare runs on it with vanilla, and the metrics show the decode-only speedup and the
+    sentence the verify-cost curve measured at load gives ("a 4-token tree costs 1.07 plain steps")."""
+    from app.session.hub import ModelHub
+    from app.session.settings import Caps
+    from app.page.ui import build_demo, launch_kwargs
+    from respec.runner import fetched_builtin_models
+
+    if "qwen2.5-coder-1.5b" not in fetched_builtin_models():
+        pytest.skip("Qwen2.5-Coder-1.5B is not in the local cache (python -m respec fetch qwen2.5-coder-1.5b)")
+    caps = Caps(max_new_tokens=64, default_new_tokens=16, max_tree_tokens=64, time_limit_s=900, queue_size=4)
+    demo = build_demo(hub=ModelHub("default"), caps=caps)
+    _, local, _ = demo.launch(server_name="127.0.0.1", server_port=None, prevent_thread_lock=True, quiet=True,
+                              **launch_kwargs())
+    try:
+        pg = browser.new_page(viewport={"width": 1400, "height": 1000})
+        pg.goto(local)
+        expect(pg.locator("#status")).to_contain_text("Replaying the recorded trace", timeout=60_000)
+        pg.locator("#model input").click()
+        pg.get_by_role("option", name="qwen2.5-coder-1.5b", exact=False).click()
+        pg.locator("#include-vanilla label").click()
+        pg.locator("#prompt textarea").fill("Write a Python function that reverses a list, then explain it.")
+        pg.locator("#run").click()
+        expect(pg.locator("#status")).to_contain_text("done", timeout=900_000)
+        metrics = pg.locator("#metrics")
+        expect(metrics).to_contain_text("decode-only speedup")
+        expect(metrics).to_contain_text("plain steps")
+        assert "Monday" not in pg.locator("#respec-output").inner_text()
+        pg.screenshot(path=str(SHOTS / "compare-1.5b.png"), full_page=True)
+        pg.close()
+    finally:
+        demo.close()

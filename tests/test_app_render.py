@@ -17,7 +17,7 @@ from app.events.runs import finish_run, parse_prompt, stream_run
 from app.session.settings import PRESETS, SPECS, Caps, build_config, non_default, parse_settings_json, preset_values
 from app.session.state import SessionState
 from respec.errors import ConfigError
-from respec.runner import Runner
+from respec.runner import Runner, fetched_builtin_models
 from respec.trace import result_from_json, result_to_json
 from tests.conftest import make_target
 
@@ -148,10 +148,37 @@ def test_metrics_count_the_bonus_and_measure_speedup_against_vanilla(runs):
     assert render.run_metrics(van, van)["speedup"] == pytest.approx(1.0)
     est = render.run_metrics(res)
     assert est["speedup_kind"] == "estimated" and est["speedup"] > 0
+    decode = res.stats.new_tokens / (res.wall_time_s - res.prefill_ms / 1000)
+    van_decode = van.stats.new_tokens / (van.wall_time_s - van.prefill_ms / 1000)
+    assert m["decode_tokens_per_s"] == pytest.approx(decode) and decode > res.stats.tokens_per_s
+    assert m["decode_speedup"] == pytest.approx(decode / van_decode) and est["decode_speedup"] is None
     headers, rows = render.metrics_rows([("ReSpec", res), ("vanilla", van)], van)
     assert headers == ["metric", "ReSpec", "vanilla"] and rows[1][2] == "1.00×"
+    assert rows[3][0] == "decode-only speedup" and rows[3][2] == "1.00×"
     html = render.metrics_html([("ReSpec", res)], None)
     assert "≈" in html and "title=" in html, "Estimated speedups are marked, definitions are tooltips."
+
+
+def test_the_regime_is_said_from_the_recorded_verify_cost_curve(runs):
+    """Compare's note and the teaching narration turn the verify-cost curve measured at load into
+    what a tree costs in plain steps on this machine."""
+    import dataclasses
+    import types
+    from app.views import anatomy_view
+    curve = {1: 100.0, 2: 101.0, 4: 107.0, 8: 184.0, 16: 246.0}
+    assert anatomy_view.plain_steps(curve, 4) == pytest.approx(1.07)
+    assert anatomy_view.plain_steps(curve, 12) == pytest.approx((184 + 246) / 2 / 100)
+    assert anatomy_view.plain_steps(curve, 32) is None and anatomy_view.plain_steps({4: 1.0}, 4) is None
+    recorded = types.SimpleNamespace(meta={"verify_cost_ms": {str(k): v for k, v in curve.items()}})
+    assert anatomy_view.regime_sentence([("a", recorded)]).startswith(
+        "On this machine a 4-token tree costs 1.07 plain steps and a 16-token tree 2.46 ")
+    assert anatomy_view.regime_sentence([("a", types.SimpleNamespace(meta={}))]) == ""
+    res = runs["respec"].result
+    res = dataclasses.replace(res, meta={**res.meta, "verify_cost_ms": {str(k): v for k, v in curve.items()}})
+    k = next(i for i, s in enumerate(res.steps) if s.num_draft and len(s.tree.tokens) <= 16)
+    n = len(res.steps[k].tree.tokens)
+    said = render.narrate(res, k, runs["respec"].decoder)
+    assert f"a {n}-token tree costs {anatomy_view.plain_steps(curve, n):.2f} plain steps" in said
 
 
 def test_diff_and_badge():
@@ -485,7 +512,8 @@ def test_bad_environment_values_warn_and_fall_back_to_the_defaults(monkeypatch, 
         assert gpu_duration_s() == 120 and launch_kwargs()["state_session_capacity"] == 300
         assert env_float("RESPEC_STREAM_INTERVAL", 0.25) == 0.25 and env_int("RESPEC_MAX_SESSIONS", 300) == 300
         hub = ModelHub(factory=lambda spec: None)
-    assert (hub.choices, hub.spec) == (["default"], "default"), "a malformed model list offers the default model"
+    offered = ["default", *fetched_builtin_models()]                 # built-in models already in the cache
+    assert (hub.choices, hub.spec) == (offered, "default"), "a malformed model list offers the default model"
     for name in ("RESPEC_GPU_DURATION", "RESPEC_STREAM_INTERVAL", "RESPEC_MAX_SESSIONS", "RESPEC_MODELS", "RESPEC_MODEL"):
         assert name in caplog.text, f"the warning must name {name}"
 

@@ -46,7 +46,8 @@ def test_summary_maths_on_hand_made_records():
     overall = s.loc[("overall", "vanilla")]
     assert overall.tokens_per_s == pytest.approx((10 + 5 + 4) / 3) and overall.speedup_vs_vanilla == 1.0
     md = summary_table_markdown(summarize(pd.DataFrame(records)))
-    assert "| qa | sam | 2 | 15.0 | 2.00x |  | 2.00 |" in md, "no token times: the same-length cell stays empty"
+    assert "| qa | sam | 2 | 15.0 | 2.00x |  |  |  | 2.00 |" in md, \
+        "no engine totals and no token times: the decode-only and same-length cells stay empty"
     assert rag.trie_branching != rag.trie_branching, "Records without the branching counts: no figure (NaN)."
 
 
@@ -175,7 +176,7 @@ def test_a_rerun_skips_finished_records_and_redoes_a_cut_one(tmp_path, monkeypat
     _, third = _bench(tmp_path, ["vanilla", "sam"])
     assert calls == [QUESTIONS[-1].question_id], "only the cut record reruns"
     assert [json.loads(x)["tokens"] for x in path.read_text().splitlines()] == [json.loads(x)["tokens"] for x in lines]
-    timing = ["tokens_per_s", "speedup_vs_vanilla", "speedup_same_length", "speedup_std", "speedup_min", "speedup_max",
+    timing = ["tokens_per_s", "speedup_vs_vanilla", "decode_tokens_per_s", "decode_speedup", "speedup_same_length", "speedup_std", "speedup_min", "speedup_max",
               "step_cost", "verify_ms_per_forward", "draft_ms_per_forward", "other_ms_per_forward",
               "loop_ms_per_step"]
     pd.testing.assert_frame_equal(first.drop(columns=timing), third.drop(columns=timing))
@@ -333,6 +334,27 @@ def test_an_older_run_without_repeat_or_relax_mode_resumes(tmp_path, monkeypatch
     monkeypatch.setattr(bench, "run_question", lambda *a, **k: calls.append(1) or real(*a, **k))
     _bench(tmp_path, ["vanilla"])
     assert calls == []
+
+
+def test_decode_only_speed_leaves_each_records_prefill_out():
+    """decode_tokens_per_s: new tokens over (wall - prefill) per record, averaged; decode_speedup:
+    its ratio to vanilla's; the matrix shows it where it differs from the Spec-Bench speedup."""
+    from respec.lab.report import speedup_matrix_markdown
+    van = [{**_rec(q, "qa", "vanilla", new=10, wall=wall, steps=9, committed=9),
+            "totals": {"wall_ms": wall * 1000, "prefill_ms": 600.0}} for q, wall in ((1, 1.0), (2, 2.0))]
+    sam = [{**_rec(q, "qa", "sam", new=10, wall=wall, steps=3, committed=9),
+            "totals": {"wall_ms": wall * 1000, "prefill_ms": 600.0}} for q, wall in ((1, 0.8), (2, 1.0))]
+    peer = _rec(1, "qa", "hf-greedy", new=10, wall=1.0, steps=10, committed=10)      # no engine totals
+    summary = summarize(pd.DataFrame(van + sam + [peer]))
+    s = summary.set_index(["category", "method"])
+    assert s.loc[("qa", "vanilla")].decode_tokens_per_s == pytest.approx((10 / 0.4 + 10 / 1.4) / 2)
+    assert s.loc[("qa", "sam")].decode_tokens_per_s == pytest.approx((10 / 0.2 + 10 / 0.4) / 2)
+    assert s.loc[("qa", "sam")].decode_speedup == pytest.approx(37.5 / ((25 + 10 / 1.4) / 2))
+    assert s.loc[("qa", "sam")].speedup_vs_vanilla == pytest.approx(((12.5 + 10) / 2) / ((10 + 5) / 2))
+    assert s.loc[("qa", "vanilla")].decode_speedup == 1.0
+    hf = s.loc[("qa", "hf-greedy")]
+    assert hf.decode_tokens_per_s != hf.decode_tokens_per_s and hf.decode_speedup != hf.decode_speedup
+    assert f"· decode {s.loc[('qa', 'sam')].decode_speedup:.2f}x" in speedup_matrix_markdown(summary)
 
 
 def test_summary_carries_acceptance_by_depth_and_the_speedup_factors():

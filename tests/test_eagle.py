@@ -171,6 +171,28 @@ def test_auto_budget_with_a_random_head_mostly_skips_drafting_and_stays_lossless
     assert any(s.decision is not None and "auto" in s.decision.reason for s in out.steps)
 
 
+def test_a_head_saved_in_shards_loads_the_same_and_a_later_save_replaces_them(tmp_path):
+    """max_shard_bytes: whole tensors per shard, none over the bound unless one tensor is, an index
+    naming each tensor's shard; loading reads it; saving again unsharded leaves no stale shard."""
+    import json
+    from respec.drafters.heads.checkpoint import SHARD_INDEX
+    target = make_target("qwen2", seed=1)
+    head = random_head(target, seed=5, qkv_bias=True)
+    state = {k: v for k, v in head.state_dict().items() if not k.startswith("rotary")}
+    biggest = max(v.numel() * v.element_size() for v in state.values())
+    save_eagle_head(head, tmp_path, max_shard_bytes=biggest)
+    shards = sorted(tmp_path.glob("model-*.safetensors"))
+    index = json.loads((tmp_path / SHARD_INDEX).read_text())
+    assert len(shards) > 1 and not (tmp_path / "model.safetensors").exists()
+    assert set(index["weight_map"]) == set(state) and set(index["weight_map"].values()) == {p.name for p in shards}
+    assert all(p.stat().st_size <= biggest + 2**14 for p in shards)        # + the safetensors header
+    loaded = load_eagle_head(tmp_path, target)
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in state.items())
+    save_eagle_head(head, tmp_path)
+    assert not list(tmp_path.glob("model-*.safetensors")) and not (tmp_path / SHARD_INDEX).exists()
+    assert (tmp_path / "model.safetensors").is_file()
+
+
 def test_head_uses_the_target_rope_base_in_float32_and_saves_it(tmp_path):
     import json as _json
     from respec.drafters.heads.eagle import _rope_theta

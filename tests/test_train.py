@@ -218,6 +218,37 @@ def test_feature_store_on_disk_is_reused_and_extended(llama_data, tmp_path, monk
     assert sum(calls) == 1, "Shorter max_len reuses prefixes; only the original ex[0] (no longer stored) is computed."
 
 
+def test_feature_extraction_stopped_midway_resumes_from_its_shards(llama_data, tmp_path, monkeypatch):
+    """Shards written while computing keep what was done: a run stopped after some batches leaves
+    them on disk, the next run computes only the rest (and gives the same features), and its final
+    store replaces the shards."""
+    import respec.train.features as features
+    target, store = llama_data
+    ex = store.examples()[:9]
+    path = tmp_path / "features.safetensors"
+    real, calls = features.target_features, []
+
+    def stop_after_three_batches(t, ids, layers=None):
+        if len(calls) == 3:
+            raise KeyboardInterrupt("stopped")
+        calls.append(ids.shape[0])
+        return real(t, ids, layers)
+    monkeypatch.setattr(features, "target_features", stop_after_three_batches)
+    with pytest.raises(KeyboardInterrupt):
+        FeatureCache(target, ex, max_len=20, batch_tokens=20, progress=False, store=path, shard_tokens=1)
+    done = sum(calls)
+    shards = sorted(tmp_path.glob("features.shard-*.safetensors"))
+    assert not path.exists() and len(shards) == 3 and 0 < done < len(ex)
+    calls.clear()
+    monkeypatch.setattr(features, "target_features", lambda t, ids, layers=None: calls.append(ids.shape[0]) or real(t, ids, layers))
+    resumed = FeatureCache(target, ex, max_len=20, batch_tokens=20, progress=False, store=path, shard_tokens=10**9)
+    assert sum(calls) == len(ex) - done, "only the examples no shard holds are computed again"
+    assert path.is_file() and not list(tmp_path.glob("features.shard-*")), "the final store replaces the shards"
+    fresh = FeatureCache(target, ex, max_len=20, batch_tokens=20, progress=False)
+    for e in ex:
+        assert torch.allclose(resumed.feats[e.key], fresh.feats[e.key], atol=1e-12)
+
+
 def test_cached_reduced_vocab_training_matches_and_still_learns(llama_data, tmp_path):
     target, store = llama_data
     ex = store.examples()
@@ -242,6 +273,36 @@ def test_cached_reduced_vocab_training_matches_and_still_learns(llama_data, tmp_
     prompt = list(ex[1].ids[:ex[1].start])
     assert run(target, "eagle2", prompt, head=head, max_new_tokens=40).tokens == \
         run(target, "vanilla", prompt, max_new_tokens=40).tokens
+
+
+def test_a_head_with_a_narrower_mlp_trains_saves_loads_and_stays_lossless(llama_data, tmp_path):
+    """--head-intermediate N: the head's MLP is N wide (config.json says so), it loads like any head
+    and eagle2 with it still equals vanilla; it refuses to start from weights of another width."""
+    target, store = llama_data
+    ex = store.examples()
+    wide = target.model.config.intermediate_size
+    cfg = TrainConfig(steps=4, batch_size=8, lr=3e-3, warmup=1, eval_every=4, save_every=4, seed=0,
+                      head_intermediate=wide // 4)
+    train_eagle(target, ex, tmp_path / "narrow", cfg, progress=False, log=lambda m: None)
+    assert json.loads((tmp_path / "narrow" / "config.json").read_text())["intermediate_size"] == wide // 4
+    head = load_eagle_head(tmp_path / "narrow", target)
+    assert head.layers[0].mlp.up_proj.weight.shape[0] == wide // 4
+    prompt = list(ex[2].ids[:ex[2].start])
+    assert run(target, "eagle2", prompt, head=head, max_new_tokens=24).tokens == \
+        run(target, "vanilla", prompt, max_new_tokens=24).tokens
+    for other in (dict(init_from_last_layer=True), dict(init_from=str(tmp_path / "narrow"))):
+        with pytest.raises(ConfigError, match="head_intermediate"):
+            TrainConfig(head_intermediate=8, **other).validate()
+
+
+def test_max_examples_takes_a_fixed_sample_that_grows_by_inclusion(llama_data):
+    from respec.train.pipeline import sample_examples
+    ex = llama_data[1].examples()
+    small, large = sample_examples(ex, 10), sample_examples(list(reversed(ex)), 30)
+    assert len(small) == 10 and len(large) == 30 and {e.key for e in small} <= {e.key for e in large}
+    assert sample_examples(ex, None) == ex and sample_examples(ex, 10**6) == ex
+    with pytest.raises(ConfigError, match="max-examples"):
+        PipelineConfig(max_examples=0).validate()
 
 
 def test_resume_continues_exactly_from_the_saved_step(llama_data, tmp_path):

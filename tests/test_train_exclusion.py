@@ -111,7 +111,29 @@ def test_committed_response_shards_hold_no_benchmark_question():
     store = ResponseStore(default_data_dir("smollm2-135m-instruct"))
     records = store.records()
     assert len(records) >= 700, f"the committed data is missing from {store.dir}"
-    tok = load_target("default").tokenizer
+    _assert_clean(records, load_target("default").tokenizer)
+
+
+def _stores_shipping_their_tokenizer() -> list[Path]:
+    return sorted(p.parent.parent for p in default_data_dir("x").parent.glob("*/tokenizer/tokenizer_config.json"))
+
+
+def test_the_stores_of_other_targets_ship_their_tokenizer():
+    """Every response store besides the default model's carries the tokenizer that decodes it, so its
+    check below runs without that model's weights (CI has only the default model)."""
+    stores = {p.parent for p in default_data_dir("x").parent.glob("*/responses-*.jsonl")}
+    assert stores - {default_data_dir("smollm2-135m-instruct")} <= set(_stores_shipping_their_tokenizer())
+
+
+@pytest.mark.parametrize("folder", _stores_shipping_their_tokenizer(), ids=lambda p: p.name)
+def test_a_store_shipped_with_its_tokenizer_holds_no_benchmark_question(folder):
+    from respec.train.store_convert import load_store_tokenizer
+    records = ResponseStore(folder).records()
+    assert records, f"{folder} holds a tokenizer but no responses"
+    _assert_clean(records, load_store_tokenizer(folder))
+
+
+def _assert_clean(records, tok):
     prompts = [(r["key"], tok.decode(r["prompt_ids"])) for r in records]
     BenchmarkGuard.load().check_prompts(prompts, what="committed responses")
     assert not [r for r in records if r.get("source", "").startswith("specbench")]

@@ -60,6 +60,8 @@ def comparison_update(state: SessionState) -> dict[str, Any]:
         out["badge"] = "<div class='respec-badge'>Run both methods (or open a pair of traces) to compare outputs.</div>"
         out["diff"] = shown([], False)
     note = "Speedups marked ≈ are estimates: tick “also run vanilla” to measure them." if vanilla is None and runs else ""
+    regime = anatomy_view.regime_sentence(runs)
+    note = f"{regime} {note}".strip()
     metrics = [render.run_metrics(r, vanilla) for _, r in runs]       # once per run: the table and the chart
     out["metrics"] = render.metrics_html(runs, vanilla, note, metrics)
     out["metrics_plot"] = figures.metrics_figure(runs)

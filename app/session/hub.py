@@ -6,7 +6,11 @@ the model cannot be loaded, so the app keeps serving in replay mode. Models are 
 or "MODEL=HEAD" (RESPEC_MODELS entries, respec.runner.ModelChoice); `model_fits` keeps out models
 too big for this machine, `choice_label` names each with its EAGLE head for the picker.
 RESPEC_MODELS and RESPEC_MODEL are read when a hub is made; a malformed value is ignored with a
-warning (the app then offers the default model) rather than stopping the app.
+warning (the app then offers the default model) rather than stopping the app. Without
+RESPEC_MODELS the picker offers the default model and every built-in model already fetched
+(`python -m respec fetch qwen2.5-coder-1.5b`), so choosing one never starts a 1 GB download
+that would hold the model lock for every user; RESPEC_MODEL=qwen2.5-coder-1.5b makes it the
+start-up model (a Space's variable; fetched on its first load, or at start with `preload`).
 
 The target holds one KV cache, so two runs must never interleave: every target forward of a run
 goes through `next_step(run_id, ...)` under a lock, and a newer run (`begin_run`) supersedes older
@@ -37,14 +41,16 @@ from typing import Any, Callable, Sequence
 from respec import models
 from respec.config import check_compile_choice
 from respec.errors import ConfigError, ModelLoadError, RespecError
-from respec.runner import ModelChoice, Runner, parse_model_choices, release_memory
+from respec.runner import (ModelChoice, Runner, builtin_model, fetched_builtin_models, parse_model_choices,
+                           release_memory)
 
 log = logging.getLogger("respec.app")
 
 #: Seconds without a run step before the background compile goes on with its next shape.
 IDLE_BEFORE_COMPILING_S = 5.0
 
-#: Approximate bf16 footprint (GB) of models this project knows; others are sized from their files.
+#: Approximate bf16 footprint (GB) of the default model; the built-in ones carry theirs
+#: (respec.runner.builtin_model), others are sized from their files.
 KNOWN_MODEL_GB = {"default": 0.3}
 
 
@@ -57,6 +63,8 @@ def model_fits(spec: str) -> bool:
     p = Path(spec)
     if spec in KNOWN_MODEL_GB:
         gb = KNOWN_MODEL_GB[spec]
+    elif builtin_model(spec) is not None:
+        gb = builtin_model(spec).bf16_gb
     elif p.is_dir():
         gb = sum(f.stat().st_size for f in p.glob("*") if f.suffix in (".safetensors", ".bin")) / 1e9
     elif p.suffix == ".gguf" and p.is_file():
@@ -92,7 +100,8 @@ class ModelHub:
     def __init__(self, spec: str | None = None, factory: Callable[[str], Any] | None = None,
                  choices: Sequence[str] | None = None) -> None:
         env_models = [str(c) for c in _from_env("RESPEC_MODELS", parse_model_choices, [])]
-        self.choices = [m for m in (choices or env_models or ["default"]) if model_fits(m)] or ["default"]
+        offered = choices or env_models or ["default", *fetched_builtin_models()]
+        self.choices = [m for m in offered if model_fits(m)] or ["default"]
         env_model = _from_env("RESPEC_MODEL", ModelChoice.parse, None)
         self.spec = str(ModelChoice.parse(spec or env_model or self.choices[0]))
         if self.spec not in self.choices:

@@ -8,7 +8,9 @@ the run on screen; `anatomy_figure(runs, vanilla, metrics)` is Compare's three-p
 (acceptance by depth, one line per run; the waterfall from tokens per forward to the measured
 speedup, with the cost model's prediction as a marker; the verify-cost curve recorded in the
 trace), drawn from the runs' metrics when the caller has them; `waterfall_figure(items)` draws the
-waterfall alone (the Lab's, from bench summary rows).
+waterfall alone (the Lab's, from bench summary rows). `plain_steps(curve, n)` is what an n-token
+tree costs in plain steps on the recorded verify-cost curve, `regime_sentence(runs)` says it for
+Compare, and `decode_tokens_per_s(result)` is a run's speed with its prefill left out.
 
 Once per result: a run's acceptance by draft position and its totals (respec/anatomy.py, each a
 walk over every step) are computed once per result object (`depth_table`, `run_totals`) and
@@ -145,7 +147,7 @@ def anatomy_figure(runs: Sequence[tuple[str, Any]], vanilla=None, height: int = 
             fig.add_trace(trace, row=1, col=2)
     else:
         _note_in_empty_panel(fig, "tick “also run vanilla” to measure it", col=2)
-    curve = _curve(runs)
+    curve = recorded_curve(runs)
     if curve:
         sizes = sorted(curve)
         fig.add_trace(go.Scatter(x=sizes, y=[curve[n] / curve[sizes[0]] for n in sizes], mode="lines+markers",
@@ -200,7 +202,7 @@ def waterfall_figure(items: Sequence[tuple[str, float, float, float | None]], ti
     return fig
 
 
-def _curve(runs) -> dict[int, float]:
+def recorded_curve(runs) -> dict[int, float]:
     """The verify-cost curve a trace recorded (meta "verify_cost_ms": {size: ms}), from the first
     run that has one."""
     for _, r in runs:
@@ -213,3 +215,42 @@ def _curve(runs) -> dict[int, float]:
             if curve and min(curve.values()) > 0:
                 return curve
     return {}
+
+
+def plain_steps(curve: Mapping[int, float], n: int) -> float | None:
+    """What verifying an n-token tree costs in plain (one-token) steps on the curve: curve[n] /
+    curve[1], linear between the sizes measured; None without a one-token time or beyond the
+    largest size."""
+    if 1 not in curve or curve[1] <= 0:
+        return None
+    if n in curve:
+        return curve[n] / curve[1]
+    lower = max((k for k in curve if k < n), default=None)
+    upper = min((k for k in curve if k > n), default=None)
+    if lower is None or upper is None:
+        return None
+    ms = curve[lower] + (curve[upper] - curve[lower]) * (n - lower) / (upper - lower)
+    return ms / curve[1]
+
+
+def regime_sentence(runs: Sequence[tuple[str, Any]]) -> str:
+    """Why drafts pay (or not) on this machine, from the verify-cost curve measured at load: "On this
+    machine a 4-token tree costs 1.07 plain steps and a 16-token tree 2.46: a step that verifies one
+    pays when it commits more tokens than that." ("" without a curve)."""
+    curve = recorded_curve(runs)
+    costs = [(n, c) for n in (4, 16) if (c := plain_steps(curve, n)) is not None]
+    if not costs:
+        return ""
+    said = " and ".join(f"a {n}-token tree {c:.2f}" if i else f"a {n}-token tree costs {c:.2f} plain steps"
+                        for i, (n, c) in enumerate(costs))
+    return (f"On this machine {said} (the verify-cost curve measured at load): a step that verifies "
+            f"such a tree pays when it commits more tokens than that.")
+
+
+def decode_tokens_per_s(result) -> float | None:
+    """New tokens / (engine time - prefill): the speed without the prompt's forward, which is the
+    same for every method (an EAGLE head's catch-up on the prompt counts as decoding). None when
+    nothing was generated after the prefill."""
+    decode_s = result.wall_time_s - result.prefill_ms / 1000.0
+    n = result.stats.new_tokens
+    return n / decode_s if n and decode_s > 0 else None

@@ -137,6 +137,7 @@ def run_metrics(result: GenerationResult, vanilla: GenerationResult | None = Non
         "draft_ms_per_step": st.draft_ms / steps if steps else 0.0,
         "verify_ms_per_step": st.verify_ms / steps if steps else 0.0,
         "prefill_ms": result.prefill_ms,
+        "decode_tokens_per_s": anatomy_view.decode_tokens_per_s(result),
         "stop_reason": result.stop_reason,
         "seed": result.config.sampling.seed,
         **anatomy_view.depth_metrics(result),
@@ -148,6 +149,9 @@ def run_metrics(result: GenerationResult, vanilla: GenerationResult | None = Non
     else:
         out["speedup"] = estimated_speedup(result)
         out["speedup_kind"] = "estimated"
+    van_decode = anatomy_view.decode_tokens_per_s(vanilla) if vanilla is not None else None
+    out["decode_speedup"] = (out["decode_tokens_per_s"] / van_decode
+                             if van_decode and out["decode_tokens_per_s"] is not None else None)
     return out
 
 
@@ -194,6 +198,8 @@ def metrics_rows(runs: Sequence[tuple[str, GenerationResult]], vanilla: Generati
     table = [
         ("tokens/s", lambda m: _fmt(m["tokens_per_s"], 1)),
         ("speedup vs vanilla", speed),
+        ("decode-only tokens/s", lambda m: _fmt(m["decode_tokens_per_s"], 1)),
+        ("decode-only speedup", lambda m: "–" if m["decode_speedup"] is None else f"{m['decode_speedup']:.2f}×"),
         ("target forwards", lambda m: f"{m['target_forwards']} for {m['new_tokens']} tokens"),
         ("mean accepted length", lambda m: _fmt(m["mean_accepted_length"])),
         ("accepted per step", lambda m: _fmt(m["accepted_per_step"])),
@@ -433,6 +439,12 @@ def narrate(result: GenerationResult, index: int, decoder) -> str:
     drafted = ", ".join(f"{n} {('EAGLE-2' if k == 'eagle' else k)}" for k, n in by_src.items()) or "nothing"
     lines.append(f"Drafted {s.num_draft} token(s) ({drafted}) in {s.draft_ms:.1f} ms; the target checked them "
                  f"all in one forward ({s.verify_ms:.1f} ms).")
+    curve = anatomy_view.recorded_curve([("", result)])
+    cost = anatomy_view.plain_steps(curve, len(s.tree.tokens)) if s.num_draft else None
+    if cost is not None:
+        lines.append(f"On this machine a {len(s.tree.tokens)}-token tree costs {cost:.2f} plain steps (the "
+                     f"verify-cost curve measured at load), so this step pays if it commits more than {cost:.2f} "
+                     "tokens.")
     acc = [decoder.piece(s.tree.tokens[n]) for n in s.verdict.path[1:]]
     if acc:
         rel = f", {s.verdict.num_relaxed} by the relaxed rule" if s.verdict.num_relaxed else ""

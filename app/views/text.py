@@ -41,6 +41,10 @@ METRICS = {
                           "≈ marks an estimate when vanilla was not run: new tokens × t₁ / engine time, with t₁ "
                           "the smaller of the target's measured one-token forward time and the run's "
                           "10th-percentile verify time",
+    "decode-only tokens/s": "new tokens / (engine time − prefill): the speed with the prompt's forward left out, "
+                            "which costs every method the same (seconds for a long prompt on a large model); "
+                            "a draft head's catch-up on the prompt counts as decoding",
+    "decode-only speedup": "decode-only tokens/s of the method / vanilla's in the same run (– without vanilla)",
     "target forwards": "steps (one target forward each) + 1 prefill",
     "mean accepted length": "tokens committed per target forward = 1 + accepted draft tokens / steps "
                             "(counts the bonus token; vanilla = 1.00; Spec-Bench MAT)",

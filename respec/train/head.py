@@ -38,21 +38,23 @@ def _target_layers(target):
 
 
 def make_head(target, *, seed: int = 0, init_from_last_layer: bool = False, arch: str = "eagle",
-              draft_vocab: torch.Tensor | None = None):
+              draft_vocab: torch.Tensor | None = None, intermediate_size: int | None = None):
     """A fresh trainable head shaped for `target` (q/k/v biases iff the target's layers have them);
     `arch` "eagle3" makes an EAGLE-3 head whose lm_head covers `draft_vocab` (all ids if None).
     With `init_from_last_layer`, the decoder layer starts as a copy of the target's last layer (its
     input RMSNorm weight folded into q/k/v, since the head has no input norm) and fc starts as
-    [small random | identity], i.e. it passes f_t through."""
+    [small random | identity], i.e. it passes f_t through. `intermediate_size`: the head's MLP width
+    (the target's when None; a narrower MLP cannot start from the target's last layer)."""
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
     last = _target_layers(target)[-1]
     qkv_bias = getattr(getattr(last.self_attn, "q_proj", None), "bias", None) is not None
     dtype = train_dtype(target)
     if arch == "eagle3":
-        head = random_eagle3_head(target, seed=seed, qkv_bias=qkv_bias, draft_vocab=draft_vocab).to(dtype=dtype)
+        head = random_eagle3_head(target, seed=seed, qkv_bias=qkv_bias, draft_vocab=draft_vocab,
+                                  intermediate_size=intermediate_size).to(dtype=dtype)
     else:
-        head = random_head(target, seed=seed, qkv_bias=qkv_bias).to(dtype=dtype)
+        head = random_head(target, seed=seed, qkv_bias=qkv_bias, intermediate_size=intermediate_size).to(dtype=dtype)
     with torch.random.fork_rng(devices=[]):          # re-init in full precision, caller's RNG untouched
         torch.manual_seed(seed)
         head.fc.reset_parameters()
@@ -101,7 +103,7 @@ def initial_head(target, cfg, state: dict[str, Any] | None, log: Callable[[str],
             log(f"starting from the EAGLE-3 head in {cfg.init_from}")
         return head.train()
     head = make_head(target, seed=cfg.seed, init_from_last_layer=cfg.init_from_last_layer and state is None,
-                     arch=cfg.arch, draft_vocab=draft_vocab)
+                     arch=cfg.arch, draft_vocab=draft_vocab, intermediate_size=cfg.head_intermediate or None)
     if state is not None:
         head.load_state_dict(state["head"])
     elif cfg.init_from:

@@ -56,8 +56,11 @@ class PipelineConfig:
     text_window: int | None = None         # tokens per teacher-forced text window (None: --max-len)
     data_dir: str | None = None
     generate_only: bool = False
+    max_examples: int | None = None        # train on this many stored responses (a fixed subset by key)
 
     def validate(self) -> "PipelineConfig":
+        if self.max_examples is not None and self.max_examples < 1:
+            raise ConfigError("--max-examples must be >= 1")
         if self.max_prompts is not None and self.max_prompts < 0:
             raise ConfigError("--max-prompts must be >= 0")
         if self.gen_max_new_tokens < 1:
@@ -153,6 +156,13 @@ def generate_self_instruct(target, store: ResponseStore, pc: PipelineConfig, gua
     return added
 
 
+def sample_examples(examples: list, n: int | None) -> list:
+    """`n` of the examples (all when None or fewer): the first by key. Keys are hashes, so this is a
+    fixed random sample, and a larger n keeps every example of a smaller one (cached features stay
+    useful as the data grows)."""
+    return examples if n is None or len(examples) <= n else sorted(examples, key=lambda e: e.key)[:n]
+
+
 def run_pipeline(target, out_dir: str | Path, pc: PipelineConfig, tc: TrainConfig, *, resume: bool = False,
                  publish: str | Path | None = None,
                  progress: bool = True, log=None) -> dict:
@@ -173,6 +183,7 @@ def run_pipeline(target, out_dir: str | Path, pc: PipelineConfig, tc: TrainConfi
         log(f"generated {added} new responses")
     check_store(guard, store, target.tokenizer)
     examples = store.examples()
+    examples = sample_examples(examples, pc.max_examples)
     log(f"self-distillation: {len(examples)} responses, "
         f"{sum(len(e.ids) - e.start for e in examples)} response tokens")
     if pc.generate_only:

@@ -1,7 +1,7 @@
 """Publishing a head while it trains: the best one so far, where a restart finds it.
 
 Contract: `publish_head(head, dir, info)` writes the head in bfloat16 in the published layout
-(`save_eagle_head`: EAGLE-1/2 or EAGLE-3) and `training.json` (`PUBLISHED`: `info` plus the time),
+(`save_eagle_head`: EAGLE-1/2 or EAGLE-3; in shards of at most `MAX_SHARD_BYTES`) and `training.json` (`PUBLISHED`: `info` plus the time),
 so the directory (e.g. the shipped head's in the repository) always holds the best head of the run
 with its figures. "Best" is `chain_score`: the validation top-1 with teacher forcing, plus, under
 training-time test, the expected further tokens of a top-1 chain (top-1 at depth 1 x depth 2 ...),
@@ -29,6 +29,9 @@ from respec.drafters.heads.checkpoint import save_eagle_head
 from respec.train.data import Example
 
 PUBLISHED = "training.json"
+#: Published weights go into shards of at most this size: a Hugging Face Space refuses files over
+#: 10 MiB without LFS (a tensor larger than this, e.g. a full-width 1.5B MLP's, still gets its own).
+MAX_SHARD_BYTES = 9 * 2**20
 
 
 def val_fingerprint(val: Sequence[Example], max_len: int) -> str:
@@ -87,6 +90,6 @@ def publish_head(head, publish: Path, info: dict) -> None:
 
     copied = copy.deepcopy(head).to(torch.bfloat16)
     copied.draft_vocab = head.draft_vocab
-    save_eagle_head(copied, publish)
+    save_eagle_head(copied, publish, max_shard_bytes=MAX_SHARD_BYTES)
     info = {**info, "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     atomic_write_text(Path(publish) / PUBLISHED, json.dumps(info, indent=2) + "\n")

@@ -93,10 +93,11 @@ class TrainConfig:
     ttt_depth: int = 1                 # training-time test: unroll the head this many draft depths
     ttt_decay: float = 0.8             # loss weight of unrolled depth d (0-based) is ttt_decay ** d
     arch: str = "eagle"                # "eagle" (EAGLE-1/2 head) | "eagle3" (fused features, own lm_head)
+    head_intermediate: int = 0         # the head's MLP width; 0 = the target's (a fresh head only)
 
     def validate(self) -> "TrainConfig":
         ints = {"steps": 1, "batch_size": 1, "max_len": 4, "warmup": 0, "val_max_examples": 1,
-                "eval_every": 1, "save_every": 1, "draft_vocab": 0, "ttt_depth": 1}
+                "eval_every": 1, "save_every": 1, "draft_vocab": 0, "ttt_depth": 1, "head_intermediate": 0}
         for name, low in ints.items():
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < low:
@@ -117,6 +118,9 @@ class TrainConfig:
             raise ConfigError("init_from and init_from_last_layer exclude each other")
         if self.arch not in ("eagle", "eagle3"):
             raise ConfigError(f"train setting arch must be 'eagle' or 'eagle3', got {self.arch!r}")
+        if self.head_intermediate and (self.init_from_last_layer or self.init_from is not None):
+            raise ConfigError("head_intermediate shapes a fresh head; init_from and init_from_last_layer keep "
+                              "the width they start from")
         if self.arch == "eagle3" and self.init_from_last_layer:
             raise ConfigError("an EAGLE-3 head cannot start from the target's last layer (its attention is 2 x wider)")
         return self

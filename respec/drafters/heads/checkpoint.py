@@ -4,8 +4,12 @@ Contract: `load_eagle_head(path_or_hub_id, target, dtype=None)` reads a director
 and `pytorch_model.bin` or `model.safetensors` (or a Hugging Face Hub id, fetched where the Hub is
 reachable) and returns an `EagleHead` (respec/drafters/heads/eagle.py) or, for an EAGLE-3
 checkpoint, an `Eagle3Head` (respec/drafters/heads/eagle3.py), on the target's device; every
-mismatch is one ModelLoadError naming it. `save_eagle_head(head, path)` writes either kind in its
-published layout (config.json + model.safetensors, a `d2t` draft vocabulary where the head has one).
+mismatch is one ModelLoadError naming it. `save_eagle_head(head, path, max_shard_bytes=None)` writes
+either kind in its published layout (config.json + model.safetensors, a `d2t` draft vocabulary where
+the head has one); with `max_shard_bytes`, weights over that size go into shards
+`model-0000i-of-0000n.safetensors` with Hugging Face's `model.safetensors.index.json` (whole tensors
+per shard, so a shard exceeds the bound only when one tensor does), which loading reads as well: a
+Space takes no file over 10 MiB without LFS.
 This module imports both head modules; neither imports it.
 """
 from __future__ import annotations
@@ -22,7 +26,8 @@ from respec.errors import ModelLoadError
 from respec.models.base import TargetModel
 from respec.models.names import HUB_ID
 
-HEAD_FILES = ("config.json", "model.safetensors", "pytorch_model.bin")
+SHARD_INDEX = "model.safetensors.index.json"
+HEAD_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", SHARD_INDEX, "model-*.safetensors")
 
 
 def resolve_head_dir(spec: str | Path) -> Path:
@@ -80,7 +85,7 @@ def load_eagle_head(path: str | Path, target: TargetModel, dtype: torch.dtype | 
     comes back as an Eagle3Head; checkpoints of another shape raise ModelLoadError."""
     path = resolve_head_dir(path)
     cfg_file = path / "config.json"
-    tried = [str(path / n) for n in ("pytorch_model.bin", "model.safetensors")]
+    tried = [str(path / n) for n in ("pytorch_model.bin", "model.safetensors", SHARD_INDEX)]
     if not cfg_file.is_file():
         raise ModelLoadError(f"EAGLE head: no config.json in {path}")
     try:
@@ -90,6 +95,11 @@ def load_eagle_head(path: str | Path, target: TargetModel, dtype: torch.dtype | 
         elif (path / "model.safetensors").is_file():
             from safetensors.torch import load_file
             state = load_file(str(path / "model.safetensors"))
+        elif (path / SHARD_INDEX).is_file():
+            from safetensors.torch import load_file
+            state = {}
+            for name in sorted(set(json.loads((path / SHARD_INDEX).read_text())["weight_map"].values())):
+                state.update(load_file(str(path / name)))
         else:
             raise ModelLoadError(f"EAGLE head: no weights found; tried {', '.join(tried)}")
     except ModelLoadError:
@@ -114,10 +124,11 @@ def load_eagle_head(path: str | Path, target: TargetModel, dtype: torch.dtype | 
     return _to_target(head, target, dtype)
 
 
-def save_eagle_head(head: EagleHead, path: str | Path) -> None:
+def save_eagle_head(head: EagleHead, path: str | Path, max_shard_bytes: int | None = None) -> None:
     """Write `head` in the published layout: config.json + model.safetensors (no embed, no lm_head;
-    an Eagle3Head in the EAGLE-3 layout, with its own norm, lm_head, d2t and t2d)."""
-    from safetensors.torch import save_file
+    an Eagle3Head in the EAGLE-3 layout, with its own norm, lm_head, d2t and t2d); weights over
+    `max_shard_bytes` in shards with an index (the module contract). Earlier weight files in `path`
+    are replaced."""
     if head.feature_layers is not None:
         state, cfg = eagle3_state_and_config(head)
     else:
@@ -132,4 +143,29 @@ def save_eagle_head(head: EagleHead, path: str | Path) -> None:
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(cfg, indent=2))
-    save_file(state, str(path / "model.safetensors"))
+    write_weights(state, path, max_shard_bytes)
+
+
+def write_weights(state: dict[str, torch.Tensor], path: Path, max_shard_bytes: int | None = None) -> None:
+    """`state` as model.safetensors, or, above `max_shard_bytes`, as shards of whole tensors (sorted by
+    name, each shard filled up to the bound) with model.safetensors.index.json; weight files already
+    in `path` are removed first."""
+    from safetensors.torch import save_file
+    for old in [*path.glob("model*.safetensors"), path / SHARD_INDEX]:
+        old.unlink(missing_ok=True)
+    size = {k: t.numel() * t.element_size() for k, t in state.items()}
+    if not max_shard_bytes or sum(size.values()) <= max_shard_bytes:
+        save_file(state, str(path / "model.safetensors"))
+        return
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    for k in sorted(state):
+        if shards[-1] and sum(size[n] for n in shards[-1]) + size[k] > max_shard_bytes:
+            shards.append({})
+        shards[-1][k] = state[k]
+    weight_map = {}
+    for i, shard in enumerate(shards, 1):
+        name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(path / name))
+        weight_map.update(dict.fromkeys(shard, name))
+    (path / SHARD_INDEX).write_text(json.dumps({"metadata": {"total_size": sum(size.values())},
+                                                "weight_map": weight_map}, indent=2))

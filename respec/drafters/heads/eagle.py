@@ -283,9 +283,13 @@ class EagleHead(nn.Module):
         return self.layer(emb[None], x, pos, cache, mask, cos_sin)[0]
 
 
-def random_head(target: TargetModel, *, seed: int = 0, qkv_bias: bool = False) -> EagleHead:
-    """A randomly initialised head shaped for `target` (lossless, accepts little: for tests)."""
-    cfg = LlamaConfig(**{k: v for k, v in target.model.config.to_dict().items() if k in _HEAD_KEYS})
+def random_head(target: TargetModel, *, seed: int = 0, qkv_bias: bool = False,
+                intermediate_size: int | None = None) -> EagleHead:
+    """A randomly initialised head shaped for `target` (lossless, accepts little: for tests);
+    `intermediate_size`: its MLP's width, the target's when None (a narrower one keeps a large
+    target's head small)."""
+    raw = {k: v for k, v in target.model.config.to_dict().items() if k in _HEAD_KEYS}
+    cfg = LlamaConfig(**{**raw, **({"intermediate_size": intermediate_size} if intermediate_size else {})})
     # a local generator: the caller's global RNG is neither reseeded nor advanced
     head = seeded_init_(built_without_global_rng(lambda: EagleHead(cfg, qkv_bias=qkv_bias)), seed)
     return _to_target(head, target)

@@ -179,10 +179,14 @@ def eagle3_state_and_config(head: Eagle3Head) -> tuple[dict[str, torch.Tensor], 
 
 def random_eagle3_head(target: TargetModel, *, seed: int = 0, qkv_bias: bool = False,
                        draft_vocab: torch.Tensor | None = None,
-                       feature_layers: Sequence[int] | None = None) -> Eagle3Head:
+                       feature_layers: Sequence[int] | None = None,
+                       intermediate_size: int | None = None) -> Eagle3Head:
     """A randomly initialised EAGLE-3 head shaped for `target` (lossless, accepts little: for tests
-    and as the start of training); `draft_vocab` [Vd] target ids, else the full vocabulary."""
+    and as the start of training); `draft_vocab` [Vd] target ids, else the full vocabulary;
+    `intermediate_size` its MLP's width (the target's when None)."""
     raw = {k: v for k, v in target.model.config.to_dict().items() if k in _HEAD_KEYS}
+    if intermediate_size:
+        raw["intermediate_size"] = intermediate_size
     n = target.vocab_size if draft_vocab is None else int(draft_vocab.numel())
     cfg = LlamaConfig(**{**raw, "draft_vocab_size": n})
     layers = tuple(feature_layers) if feature_layers is not None else \
