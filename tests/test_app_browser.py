@@ -188,6 +188,7 @@ def test_uploaded_trace_is_replayed(page):
 
 def test_clicking_the_entropy_plot_selects_a_step(page):
     point = page.locator("#entropy-plot .scatterlayer .trace .points path").nth(30)
+    point.scroll_into_view_if_needed()       # the page above it grows (e.g. metrics rows): a click off-screen is lost
     box = point.bounding_box()
     page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
     page.wait_for_timeout(300)
