@@ -48,7 +48,7 @@ from respec.engine import Engine
 from respec.errors import ConfigError
 from respec.memory import RunnerMemory
 from respec.models.builtin import is_cached
-from respec.models.names import BUILTIN_MODELS, builtin_model
+from respec.models.names import ASSETS, BUILTIN_MODELS, DEFAULT_HEAD, builtin_model
 from respec.prompting import encode_prompt
 from respec.stream import RunStream
 from respec.trace import GenerationResult
@@ -75,8 +75,7 @@ def release_memory() -> None:
     if heap is not None:
         heap.release()
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
-DEFAULT_HEAD_DIR = ASSETS / "eagle" / "smollm2-135m-instruct"
+DEFAULT_HEAD_DIR = ASSETS / "eagle" / DEFAULT_HEAD
 
 
 def fetched_builtin_models() -> list[str]:

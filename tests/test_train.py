@@ -249,6 +249,52 @@ def test_feature_extraction_stopped_midway_resumes_from_its_shards(llama_data, t
         assert torch.allclose(resumed.feats[e.key], fresh.feats[e.key], atol=1e-12)
 
 
+def test_feature_extraction_goes_in_key_order_runs_each_sorted_by_length():
+    """A stopped extraction has done the first examples by key (the sample `--max-examples` trains
+    on), not the shortest answers: runs of about shard_tokens tokens in key order, each by length."""
+    rng = random.Random(7)
+    ex = [Example(f"{rng.getrandbits(64):016x}", tuple(range(rng.randint(3, 40))), 0) for _ in range(60)]
+    order = FeatureCache._order(ex, max_len=30, shard_tokens=100)
+    assert sorted(e.key for e in order) == sorted(e.key for e in ex)
+    by_key = sorted(ex, key=lambda e: e.key)
+    runs, i = [], 0
+    while i < len(by_key):                       # rebuild the runs: key order, >= 100 tokens each but the last
+        j, tokens = i, 0
+        while j < len(by_key) and tokens < 100:
+            tokens += min(len(by_key[j].ids), 30)
+            j += 1
+        runs.append(by_key[i:j])
+        i = j
+    assert len(runs) > 3
+    at = 0
+    for chunk in runs:
+        got = order[at:at + len(chunk)]
+        assert {e.key for e in got} == {e.key for e in chunk}, "each run holds the next examples by key"
+        assert [len(e.ids) for e in got] == sorted(len(e.ids) for e in got), "and is sorted by length"
+        at += len(chunk)
+
+
+def test_features_too_big_to_merge_stay_in_shards_that_a_later_run_reads(llama_data, tmp_path, monkeypatch):
+    """Above merge_bytes the store is not rewritten (it would hold every feature twice): the last
+    features go to one more shard, no store file appears, and a later run computes nothing."""
+    import respec.train.features as features
+    target, store = llama_data
+    ex = store.examples()[:6]
+    path = tmp_path / "features.safetensors"
+    real, calls = features.target_features, []
+    monkeypatch.setattr(features, "target_features", lambda t, ids, layers=None: calls.append(ids.shape[0]) or real(t, ids, layers))
+    first = FeatureCache(target, ex, max_len=20, batch_tokens=20, progress=False, store=path, shard_tokens=50,
+                         merge_bytes=0)
+    shards = sorted(tmp_path.glob("features.shard-*.safetensors"))
+    assert not path.exists() and len(shards) >= 2 and sum(calls) == len(ex)
+    calls.clear()
+    again = FeatureCache(target, ex, max_len=20, batch_tokens=20, progress=False, store=path, merge_bytes=0)
+    assert sum(calls) == 0, "every example's features are read back from the shards"
+    assert sorted(tmp_path.glob("features.shard-*.safetensors")) == shards
+    for e in ex:
+        assert torch.equal(again.feats[e.key], first.feats[e.key])
+
+
 def test_cached_reduced_vocab_training_matches_and_still_learns(llama_data, tmp_path):
     target, store = llama_data
     ex = store.examples()

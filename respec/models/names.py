@@ -15,6 +15,11 @@ from pathlib import Path
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
 
+#: this checkout's assets/ folder: shipped EAGLE heads live in assets/eagle/<folder> (the one owner of the path).
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
+#: the default model's shipped head folder under assets/eagle/.
+DEFAULT_HEAD = "smollm2-135m-instruct"
+
 
 @dataclass(frozen=True)
 class BuiltinModel:
@@ -32,7 +37,7 @@ class BuiltinModel:
     @property
     def head_dir(self) -> Path:
         """assets/eagle/<head> in this checkout (it may not exist yet: then a random head is used)."""
-        return Path(__file__).resolve().parents[2] / "assets" / "eagle" / self.head
+        return ASSETS / "eagle" / self.head
 
     def fetch_command(self) -> str:
         return f"python -m respec fetch {self.name}"

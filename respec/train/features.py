@@ -10,7 +10,8 @@ Contract:
   change), kept on the CPU in the target's dtype: tokens x hidden x 2 bytes (about 0.5 GB for 450k
   tokens of a 576-wide model); optionally read from and written back (atomically) to a
   safetensors store keyed by example key and token ids, so a later run computes only what is new;
-  while computing, shards beside the store keep what is done, so a stopped run resumes.
+  while computing, shards beside the store keep what is done, so a stopped run resumes; above
+  `merge_bytes` the shards stay and are the store.
 - `frequent_next_tokens(examples, n, max_len)`: the reduced cross-entropy and draft vocabulary.
 Nothing is computed or read at import.
 """
@@ -59,17 +60,21 @@ def target_features(target, ids: torch.Tensor, layers: Sequence[int] | None = No
 
 class FeatureCache:
     """Target features of each example, computed once: key -> [min(len, max_len), H] in the target's
-    dtype on the CPU. Examples are batched by similar length so little padding is computed."""
+    dtype on the CPU. Examples go in key order, runs of about a shard's tokens each batched by
+    similar length so little padding is computed (`_order`)."""
 
     def __init__(self, target, examples: Sequence[Example], max_len: int, batch_tokens: int = 4096,
                  progress: bool = True, store: Path | None = None, layers: Sequence[int] | None = None,
-                 shard_tokens: int = 100_000) -> None:
+                 shard_tokens: int = 100_000, merge_bytes: int = 1 << 30) -> None:
         """With `store` (a safetensors file), features found there for the same example (its key
         and token ids) and at least the needed length are reused, and the file is rewritten with
         every example's features after computing the rest: a later run skips the target forwards.
         While computing, every `shard_tokens` new tokens go to a shard beside the store
         (`<store stem>.shard-NNNNN.safetensors`, written atomically, read like the store), so a run
-        stopped at any minute loses at most one shard's forwards; the final rewrite removes them.
+        stopped at any minute loses at most one shard's forwards; the final rewrite removes them. Above
+        `merge_bytes` of features in all (a 1.5B target's 1.2M tokens are 3.5 GB) the store is not
+        rewritten, which would hold every feature twice in memory and on disk: the last features go
+        to one more shard, and the shards (with the store, where one exists) are the store.
         `layers`: an EAGLE-3 head's feature layers (`target_features`), stored under their own names."""
         from tqdm.auto import tqdm
         self.feats: dict[str, torch.Tensor] = {}
@@ -79,7 +84,7 @@ class FeatureCache:
         saved = self._load(files, wanted, max_len)
         self.feats.update(saved)
         fresh: list[Example] = []                      # computed since the last shard was written
-        todo = sorted((e for k, e in wanted.items() if k not in saved), key=lambda e: len(e.ids))
+        todo = self._order([e for k, e in wanted.items() if k not in saved], max_len, shard_tokens)
         bar = tqdm(total=sum(min(len(e.ids), max_len) for e in todo), desc="target features", unit="tok",
                    disable=not progress)
         i = 0
@@ -101,9 +106,30 @@ class FeatureCache:
             i = j
         bar.close()
         if store is not None and todo:
-            self._write(Path(store), wanted.values())
-            for shard in self._files(Path(store))[1:]:
-                shard.unlink(missing_ok=True)
+            total = sum(self.feats[k].numel() * self.feats[k].element_size() for k in wanted)
+            if total <= merge_bytes:                   # one file: the store, the shards removed
+                self._write(Path(store), wanted.values())
+                for shard in self._files(Path(store))[1:]:
+                    shard.unlink(missing_ok=True)
+            elif fresh:                                # too big to hold twice: the shards stay the store
+                self._write(self._shard(Path(store)), fresh)
+
+    @staticmethod
+    def _order(todo: Sequence[Example], max_len: int, shard_tokens: int) -> list[Example]:
+        """The examples in key order cut into runs of about `shard_tokens` tokens, each run sorted by
+        length (little padding). Keys are hashes and `--max-examples N` trains on the first N by key
+        (pipeline.sample_examples), so a stopped extraction has done a fixed random sample, which a
+        smaller run trains on at once, rather than the shortest answers."""
+        out: list[Example] = []
+        run: list[Example] = []
+        tokens = 0
+        for e in sorted(todo, key=lambda e: e.key):
+            run.append(e)
+            tokens += min(len(e.ids), max_len)
+            if tokens >= shard_tokens:
+                out += sorted(run, key=lambda e: len(e.ids))
+                run, tokens = [], 0
+        return out + sorted(run, key=lambda e: len(e.ids))
 
     def _name(self, e: Example) -> str:
         ids = hashlib.sha1(",".join(map(str, e.ids)).encode()).hexdigest()[:16]

@@ -158,10 +158,13 @@ def write_weights(state: dict[str, torch.Tensor], path: Path, max_shard_bytes: i
         save_file(state, str(path / "model.safetensors"))
         return
     shards: list[dict[str, torch.Tensor]] = [{}]
+    filled = 0                                          # bytes in shards[-1]
     for k in sorted(state):
-        if shards[-1] and sum(size[n] for n in shards[-1]) + size[k] > max_shard_bytes:
+        if shards[-1] and filled + size[k] > max_shard_bytes:
             shards.append({})
+            filled = 0
         shards[-1][k] = state[k]
+        filled += size[k]
     weight_map = {}
     for i, shard in enumerate(shards, 1):
         name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
