@@ -199,7 +199,8 @@ def test_feature_cache_equals_recomputed_features(llama_data):
 
 def test_feature_store_on_disk_is_reused_and_extended(llama_data, tmp_path, monkeypatch):
     """A second cache over the same store computes only the examples the file lacks, and gives the
-    same features; an example whose ids changed is recomputed, not served stale."""
+    same features; an example whose ids changed is recomputed, not served stale, and its old
+    features stay stored beside the new ones."""
     import respec.train.features as features
     target, store = llama_data
     ex = store.examples()[:8]
@@ -215,7 +216,8 @@ def test_feature_store_on_disk_is_reused_and_extended(llama_data, tmp_path, monk
         assert torch.equal(second.feats[e.key], first.feats[e.key])
     calls.clear()
     FeatureCache(target, ex, max_len=12, batch_tokens=64, progress=False, store=path)
-    assert sum(calls) == 1, "Shorter max_len reuses prefixes; only the original ex[0] (no longer stored) is computed."
+    assert sum(calls) == 0, ("Shorter max_len reuses prefixes, the original ex[0]'s too: a store is never rewritten "
+                             "without features it holds (here the old ex[0]'s beside the changed one's).")
 
 
 def test_feature_extraction_stopped_midway_resumes_from_its_shards(llama_data, tmp_path, monkeypatch):
@@ -550,3 +552,19 @@ def test_publishing_under_training_time_test_ranks_heads_by_their_top1_chain(tmp
     assert published_score(tmp_path, "g" * 16, 3) == -1.0      # on other examples
     (tmp_path / PUBLISHED).write_text(json.dumps({"val_top1": 0.5, "val_fingerprint": "f" * 16}))
     assert published_score(tmp_path, "f" * 16, 1) == pytest.approx(0.5)   # older records: depth 1
+
+
+def test_a_run_over_a_subset_keeps_the_other_examples_features(llama_data, tmp_path, monkeypatch):
+    """A run over some examples (`--max-examples`) that computes new ones must not rewrite the store
+    with its own examples only: the other examples' stored features stay readable."""
+    import respec.train.features as features
+    target, store = llama_data
+    ex = store.examples()[:8]
+    path = tmp_path / "features.safetensors"
+    FeatureCache(target, ex[:5], max_len=20, batch_tokens=20, progress=False, store=path)
+    assert path.is_file()
+    FeatureCache(target, ex[3:], max_len=20, batch_tokens=20, progress=False, store=path)     # ex[5:] are new
+    real, calls = features.target_features, []
+    monkeypatch.setattr(features, "target_features", lambda t, ids, layers=None: calls.append(ids.shape[0]) or real(t, ids, layers))
+    FeatureCache(target, ex, max_len=20, batch_tokens=20, progress=False, store=path)
+    assert sum(calls) == 0, "every example's features, the first run's and the second's, are still stored"

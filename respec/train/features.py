@@ -74,7 +74,9 @@ class FeatureCache:
         stopped at any minute loses at most one shard's forwards; the final rewrite removes them. Above
         `merge_bytes` of features in all (a 1.5B target's 1.2M tokens are 3.5 GB) the store is not
         rewritten, which would hold every feature twice in memory and on disk: the last features go
-        to one more shard, and the shards (with the store, where one exists) are the store.
+        to one more shard, and the shards (with the store, where one exists) are the store; so too
+        when the files hold features of examples this run does not want (`--max-examples`), which a
+        rewrite with this run's examples only would lose.
         `layers`: an EAGLE-3 head's feature layers (`target_features`), stored under their own names."""
         from tqdm.auto import tqdm
         self.feats: dict[str, torch.Tensor] = {}
@@ -107,11 +109,11 @@ class FeatureCache:
         bar.close()
         if store is not None and todo:
             total = sum(self.feats[k].numel() * self.feats[k].element_size() for k in wanted)
-            if total <= merge_bytes:                   # one file: the store, the shards removed
+            if total <= merge_bytes and not self.others:   # one file: the store, the shards removed
                 self._write(Path(store), wanted.values())
                 for shard in self._files(Path(store))[1:]:
                     shard.unlink(missing_ok=True)
-            elif fresh:                                # too big to hold twice: the shards stay the store
+            elif fresh:        # too big to hold twice, or other examples' features there: the shards stay the store
                 self._write(self._shard(Path(store)), fresh)
 
     @staticmethod
@@ -147,11 +149,16 @@ class FeatureCache:
         return store.with_name(f"{store.stem}.shard-{max(numbers, default=-1) + 1:05d}.safetensors")
 
     def _load(self, files: Sequence[Path], wanted: dict[str, Example], max_len: int) -> dict[str, torch.Tensor]:
+        """The wanted examples' features found in `files`; counts in `self.others` the stored features
+        of other examples (a run over a subset must not merge the store without them)."""
         from safetensors import safe_open
         out = {}
+        mine = {self._name(e) for e in wanted.values()}
+        self.others = 0
         for file in files:
             with safe_open(str(file), framework="pt") as f:
                 names = set(f.keys())
+                self.others += len(names - mine)
                 for k, e in wanted.items():
                     name = self._name(e)
                     if k not in out and name in names:
