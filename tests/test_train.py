@@ -568,3 +568,26 @@ def test_a_run_over_a_subset_keeps_the_other_examples_features(llama_data, tmp_p
     monkeypatch.setattr(features, "target_features", lambda t, ids, layers=None: calls.append(ids.shape[0]) or real(t, ids, layers))
     FeatureCache(target, ex, max_len=20, batch_tokens=20, progress=False, store=path)
     assert sum(calls) == 0, "every example's features, the first run's and the second's, are still stored"
+
+
+def test_bf16_autocast_training_learns_and_keeps_float32_weights(llama_data, tmp_path):
+    """--train-autocast: "auto" is bf16 only for a bf16 target; a bf16-autocast run still lowers the
+    validation loss and keeps the head's weights (and so its checkpoint) in the training dtype
+    (float32; this tiny target's float64); a bad mode is refused."""
+    from types import SimpleNamespace
+    from respec.train.head import train_autocast, train_dtype
+    assert not isinstance(train_autocast(SimpleNamespace(dtype=torch.float32, device="cpu"), "auto"), torch.autocast)
+    on = train_autocast(SimpleNamespace(dtype=torch.bfloat16, device="cpu"), "auto")
+    assert isinstance(on, torch.autocast) and on.fast_dtype == torch.bfloat16
+    assert isinstance(train_autocast(SimpleNamespace(dtype=torch.float32, device="cpu"), "bf16"), torch.autocast)
+    with pytest.raises(ConfigError, match="autocast"):
+        TrainConfig(autocast="fp8").validate()
+    target, store = llama_data
+    out = tmp_path / "head"
+    cfg = TrainConfig(steps=120, batch_size=8, lr=3e-3, warmup=10, eval_every=120, save_every=120,
+                      val_fraction=0.15, seed=0, autocast="bf16")
+    last = train_eagle(target, store.examples(), out, cfg, progress=False, log=lambda m: None)
+    assert last["val_loss"] < 0.85 * _log(out)[0]["val_loss"], "Validation loss must go down under bf16 autocast."
+    state = torch.load(out / "checkpoint.pt", map_location="cpu", weights_only=False)
+    weights = [v for k, v in state["head"].items() if torch.is_tensor(v) and v.is_floating_point()]
+    assert weights and all(v.dtype == train_dtype(target) for v in weights)

@@ -5,6 +5,10 @@ Contract:
   `target` (`arch` "eagle": EAGLE-1/2; "eagle3": an Eagle3Head over the target's low/mid/high
   features with its own lm_head over `draft_vocab`), in the training dtype (`train_dtype`: float32,
   float64 for float64 targets); the caller's RNG untouched.
+- `train_autocast(target, mode)`: the training step's autocast: bf16 matmuls over float32 weights,
+  optimiser state and loss reductions when `mode` is "bf16", or "auto" and the target runs in bf16
+  (the device default where the CPU has bf16 instructions, and on CUDA); otherwise none. On a
+  2-core Zen 4 it halves a Qwen2.5-1.5B head's step (docs/benchmarks-history.md, 2026-12-08).
 - `initial_head(target, cfg, state, log)`: that head with its starting weights: a checkpoint's
   (`state`, when resuming), a saved head's (`cfg.init_from`), or fresh.
 - The training forward (`head_unroll`, depth 0 = `head_forward`) calls the head's own
@@ -15,6 +19,7 @@ Contract:
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable
 
 import torch
@@ -28,6 +33,16 @@ from respec.errors import RespecError
 
 def train_dtype(target) -> torch.dtype:
     return torch.float64 if target.dtype == torch.float64 else torch.float32
+
+
+AUTOCAST_MODES = ("auto", "bf16", "off")
+
+
+def train_autocast(target, mode: str):
+    """The context a training step's forward runs in (see the module contract)."""
+    if mode == "bf16" or (mode == "auto" and target.dtype == torch.bfloat16):
+        return torch.autocast(torch.device(target.device).type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
 
 def _target_layers(target):

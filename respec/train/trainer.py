@@ -56,7 +56,8 @@ from respec.drafters.heads.checkpoint import save_eagle_head
 from respec.errors import ConfigError, RespecError
 from respec.train.data import Example, is_validation, target_slug
 from respec.train.features import FeatureCache, collate, frequent_next_tokens, target_features
-from respec.train.head import head_forward, head_unroll, initial_head, make_head, train_dtype, ttt_mask
+from respec.train.head import (AUTOCAST_MODES, head_forward, head_unroll, initial_head, make_head, train_autocast,
+                               train_dtype, ttt_mask)
 from respec.train.publish import chain_score, data_summary, publish_head, published_score, val_fingerprint
 
 __all__ = ["CHECKPOINT", "LOG", "FeatureCache", "TrainConfig", "batch_loss", "check_out_dir", "collate", "evaluate",
@@ -94,6 +95,7 @@ class TrainConfig:
     ttt_decay: float = 0.8             # loss weight of unrolled depth d (0-based) is ttt_decay ** d
     arch: str = "eagle"                # "eagle" (EAGLE-1/2 head) | "eagle3" (fused features, own lm_head)
     head_intermediate: int = 0         # the head's MLP width; 0 = the target's (a fresh head only)
+    autocast: str = "off"              # the step's matmuls: "off" (float32), "bf16", "auto" (bf16 where the target is)
 
     def validate(self) -> "TrainConfig":
         ints = {"steps": 1, "batch_size": 1, "max_len": 4, "warmup": 0, "val_max_examples": 1,
@@ -116,6 +118,8 @@ class TrainConfig:
             raise ConfigError(f"train setting ttt_depth must be at most 8, got {self.ttt_depth}")
         if self.init_from is not None and self.init_from_last_layer:
             raise ConfigError("init_from and init_from_last_layer exclude each other")
+        if self.autocast not in AUTOCAST_MODES:
+            raise ConfigError(f"train setting autocast must be one of {', '.join(AUTOCAST_MODES)}, got {self.autocast!r}")
         if self.arch not in ("eagle", "eagle3"):
             raise ConfigError(f"train setting arch must be 'eagle' or 'eagle3', got {self.arch!r}")
         if self.head_intermediate and (self.init_from_last_layer or self.init_from is not None):
@@ -322,7 +326,8 @@ def _load_checkpoint(path: Path, slug: str, cfg: TrainConfig, log) -> tuple[dict
     saved = TrainConfig(**state["config"])
     cfg = dataclasses.replace(saved, steps=cfg.steps, eval_every=cfg.eval_every,
                               save_every=cfg.save_every, cache_features=cfg.cache_features,
-                              feature_store=cfg.feature_store, draft_vocab=cfg.draft_vocab).validate()
+                              feature_store=cfg.feature_store, draft_vocab=cfg.draft_vocab,
+                              autocast=cfg.autocast).validate()
     if state["step"] >= cfg.steps:
         log(f"checkpoint is already at step {state['step']} >= --steps {cfg.steps}; writing the head only")
     return state, cfg
@@ -415,7 +420,8 @@ def _train_step(run: _Run, batch: list[Example]) -> dict:
     for g in run.opt.param_groups:
         g["lr"] = lr_at(run.step, cfg)
     feats = run.cache.batch(batch, ids.shape[1]) if run.cache is not None else None
-    r = batch_loss(run.head, run.target, run.lm_train, ids, mask, cfg, noise=True, generator=run.gen, feats=feats)
+    with train_autocast(run.target, cfg.autocast):
+        r = batch_loss(run.head, run.target, run.lm_train, ids, mask, cfg, noise=True, generator=run.gen, feats=feats)
     run.opt.zero_grad(set_to_none=True)
     if r["count"]:
         r["loss"].backward()
