@@ -24,11 +24,15 @@ Contract:
   prefill's for the first token, the step's `at_ms` for the ones it committed); a bench compares
   methods whose outputs end at different lengths at the length they share
   (`respec.lab.report.same_length_speedup`).
+- `plain_steps(curve, n)`: what verifying an n-token tree costs in plain (one-token) steps on a
+  verify-cost curve {size: ms} (the cost model's interpolation, `respec.cost.interpolate_cost`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
+
+from respec.cost import interpolate_cost
 
 DRAFT_SOURCES = ("eagle", "retrieval")
 
@@ -249,3 +253,11 @@ def anatomy(run: Totals, vanilla: Totals) -> Anatomy:
                    predicted_tokens=run.predicted_tokens / p if p else None,
                    realised_tokens=run.realised_tokens / p if p else None,
                    predicted_ms=run.predicted_ms / p if p else None, realised_ms=run.realised_ms / p if p else None)
+
+
+def plain_steps(curve: Mapping[int, float], n: int) -> float | None:
+    """curve[n] / curve[1], linear between the sizes measured; None without a one-token time or
+    outside the sizes measured (no extrapolation)."""
+    if curve.get(1, 0) <= 0 or not min(curve) <= n <= max(curve):
+        return None
+    return interpolate_cost(curve, n) / curve[1]

@@ -8,8 +8,8 @@ the run on screen; `anatomy_figure(runs, vanilla, metrics)` is Compare's three-p
 (acceptance by depth, one line per run; the waterfall from tokens per forward to the measured
 speedup, with the cost model's prediction as a marker; the verify-cost curve recorded in the
 trace), drawn from the runs' metrics when the caller has them; `waterfall_figure(items)` draws the
-waterfall alone (the Lab's, from bench summary rows). `plain_steps(curve, n)` is what an n-token
-tree costs in plain steps on the recorded verify-cost curve, `regime_sentence(runs)` says it for
+waterfall alone (the Lab's, from bench summary rows). `plain_steps(curve, n)` (respec.anatomy's) is what an
+n-token tree costs in plain steps on the recorded verify-cost curve, `regime_sentence(runs)` says it for
 Compare, and `decode_tokens_per_s(result)` is a run's speed with its prefill left out.
 
 Once per result: a run's acceptance by draft position and its totals (respec/anatomy.py, each a
@@ -33,7 +33,7 @@ from plotly.subplots import make_subplots
 import respec.anatomy as respec_anatomy      # called through the module: one place to count or stub
 from app.views.plot_style import FONT, empty_figure
 from app.views.text import COLORS
-from respec.anatomy import DRAFT_SOURCES, DepthAcceptance, Totals
+from respec.anatomy import DRAFT_SOURCES, DepthAcceptance, Totals, plain_steps
 
 SOURCE_NAMES = {"eagle": "EAGLE", "retrieval": "retrieval"}
 MAX_DEPTH = 8        # depths shown (deeper ones are rare and their rates noisy)
@@ -215,22 +215,6 @@ def recorded_curve(runs) -> dict[int, float]:
             if curve and min(curve.values()) > 0:
                 return curve
     return {}
-
-
-def plain_steps(curve: Mapping[int, float], n: int) -> float | None:
-    """What verifying an n-token tree costs in plain (one-token) steps on the curve: curve[n] /
-    curve[1], linear between the sizes measured; None without a one-token time or beyond the
-    largest size."""
-    if 1 not in curve or curve[1] <= 0:
-        return None
-    if n in curve:
-        return curve[n] / curve[1]
-    lower = max((k for k in curve if k < n), default=None)
-    upper = min((k for k in curve if k > n), default=None)
-    if lower is None or upper is None:
-        return None
-    ms = curve[lower] + (curve[upper] - curve[lower]) * (n - lower) / (upper - lower)
-    return ms / curve[1]
 
 
 def regime_sentence(runs: Sequence[tuple[str, Any]]) -> str:

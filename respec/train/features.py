@@ -153,14 +153,15 @@ class FeatureCache:
         of other examples (a run over a subset must not merge the store without them)."""
         from safetensors import safe_open
         out = {}
-        mine = {self._name(e) for e in wanted.values()}
+        mine = {k: self._name(e) for k, e in wanted.items()}        # each example's sha1 once, not per file
+        known = set(mine.values())
         self.others = 0
         for file in files:
             with safe_open(str(file), framework="pt") as f:
                 names = set(f.keys())
-                self.others += len(names - mine)
+                self.others += len(names - known)
                 for k, e in wanted.items():
-                    name = self._name(e)
+                    name = mine[k]
                     if k not in out and name in names:
                         t = f.get_tensor(name)
                         if t.shape[0] >= min(len(e.ids), max_len):
